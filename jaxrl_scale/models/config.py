@@ -1,0 +1,120 @@
+"""Model configuration: one frozen dataclass covering Qwen2, Qwen3 and Llama decoders.
+
+Shape letters used across jaxrl_scale.models:
+    B batch, T time (query tokens), S cache slots, D hidden, V vocab, L layers,
+    N query heads, K kv heads, G = N // K query heads per kv head, H head dim, F mlp hidden.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+ARCHS = ("llama", "qwen2", "qwen3")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of a decoder-only transformer.
+
+    `arch` only documents the family; behaviour is driven by the flags:
+    Qwen2 = attention_bias, Qwen3 = qk_norm (per-head RMSNorm on q and k, explicit head_dim),
+    Llama = neither.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    max_seq_len: int = 2048
+    arch: str = "llama"
+    # dtype policy: parameters stored in param_dtype, matmuls in dtype, logits always float32.
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.arch not in ARCHS:
+            raise ValueError(f"ModelConfig.arch={self.arch!r} is not supported; use one of {ARCHS}.")
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                                  "head_dim", "intermediate_size", "max_seq_len"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}.")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                    f"ModelConfig.num_heads={self.num_heads} must be a multiple of "
+                    f"num_kv_heads={self.num_kv_heads} (grouped-query attention).")
+        if self.head_dim % 2:
+            raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even for RoPE.")
+
+    @property
+    def jnp_dtype(self) -> Any:
+        return jnp.dtype(self.dtype)
+
+    @property
+    def jnp_param_dtype(self) -> Any:
+        return jnp.dtype(self.param_dtype)
+
+    def replace(self, **kw) -> "ModelConfig":
+        return dataclasses.replace(self, **kw)
+
+    def num_params(self) -> int:
+        d, f, h = self.hidden_size, self.intermediate_size, self.head_dim
+        n, k = self.num_heads, self.num_kv_heads
+        per_layer = d * h * (n + 2 * k) + n * h * d + 3 * d * f + 2 * d
+        per_layer += (n + 2 * k) * h if self.attention_bias else 0
+        per_layer += 2 * h if self.qk_norm else 0
+        head = 0 if self.tie_word_embeddings else d * self.vocab_size
+        return self.vocab_size * d + self.num_layers * per_layer + d + head
+
+
+PRESETS: dict[str, ModelConfig] = {
+        # Unit tests: compiles in seconds on CPU.
+        "tiny": ModelConfig(vocab_size=128, hidden_size=64, num_layers=2, num_heads=4,
+                                                num_kv_heads=2, head_dim=16, intermediate_size=128, max_seq_len=256,
+                                                arch="qwen2", attention_bias=True),
+        # The CPU benchmark shape (~29M params).
+        "small": ModelConfig(vocab_size=4096, hidden_size=512, num_layers=8, num_heads=8,
+                                                  num_kv_heads=4, head_dim=64, intermediate_size=1536, max_seq_len=1024),
+        # Character-level policy for RL on 2 CPU cores (~1.2M params with the 128-token char vocab).
+        "rl_cpu": ModelConfig(vocab_size=128, hidden_size=192, num_layers=3, num_heads=6,
+                                                    num_kv_heads=2, head_dim=32, intermediate_size=512, max_seq_len=128,
+                                                    tie_word_embeddings=True),
+        # Real-model shapes for accelerator users (bfloat16 compute).
+        "qwen2.5-0.5b": ModelConfig(vocab_size=151936, hidden_size=896, num_layers=24, num_heads=14,
+                                                                num_kv_heads=2, head_dim=64, intermediate_size=4864,
+                                                                rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                                                attention_bias=True, max_seq_len=32768, arch="qwen2",
+                                                                param_dtype="bfloat16", dtype="bfloat16"),
+        "qwen2.5-1.5b": ModelConfig(vocab_size=151936, hidden_size=1536, num_layers=28,
+                                                                num_heads=12, num_kv_heads=2, head_dim=128,
+                                                                intermediate_size=8960, rope_theta=1e6, rms_norm_eps=1e-6,
+                                                                tie_word_embeddings=True, attention_bias=True,
+                                                                max_seq_len=32768, arch="qwen2", param_dtype="bfloat16",
+                                                                dtype="bfloat16"),
+        "qwen3-0.6b": ModelConfig(vocab_size=151936, hidden_size=1024, num_layers=28, num_heads=16,
+                                                            num_kv_heads=8, head_dim=128, intermediate_size=3072,
+                                                            rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                                            qk_norm=True, max_seq_len=40960, arch="qwen3",
+                                                            param_dtype="bfloat16", dtype="bfloat16"),
+        "qwen3-1.7b": ModelConfig(vocab_size=151936, hidden_size=2048, num_layers=28, num_heads=16,
+                                                            num_kv_heads=8, head_dim=128, intermediate_size=6144,
+                                                            rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                                            qk_norm=True, max_seq_len=40960, arch="qwen3",
+                                                            param_dtype="bfloat16", dtype="bfloat16"),
+}
+
+
+def get_config(name: str, **overrides) -> ModelConfig:
+    """A preset by name, with optional field overrides (e.g. dtype="bfloat16")."""
+    if name not in PRESETS:
+        raise ValueError(f"Unknown model preset {name!r}; available: {sorted(PRESETS)}.")
+    return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]

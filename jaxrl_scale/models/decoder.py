@@ -1,0 +1,260 @@
+"""Decoder-only transformer (Qwen2 / Qwen3 / Llama) as pure functions over a params pytree.
+
+Shapes: B batch, T query tokens, S cache slots, D hidden, V vocab, L layers, N query heads,
+K kv heads, G = N // K, H head dim, F mlp hidden.
+
+Params pytree (layers stacked on a leading L axis so sharding rules see one array per kind):
+  embed [V, D]; final_norm [D]; lm_head [D, V] (absent when tied);
+  layers: attn_norm [L, D], wq [L, D, N, H], wk/wv [L, D, K, H], wo [L, N, H, D],
+          (bq [L, N, H], bk/bv [L, K, H] when attention_bias), (q_norm/k_norm [L, H] when qk_norm),
+          mlp_norm [L, D], w_gate/w_up [L, D, F], w_down [L, F, D].
+
+Padding: every entry point takes `valid_BT` (True on real tokens). RoPE positions count only
+valid tokens, so a left-padded prompt gets the same positions as the unpadded one, and keys
+at invalid slots are never attended. This is what makes batched, left-padded generation
+token-for-token equal to unpadded HF generation.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from jaxrl_scale.models.config import ModelConfig
+
+Params = dict[str, Any]
+_NEG_INF = -1e30  # finite: a fully masked (padding) query row must not produce NaN
+
+
+# ----------------------------------------------------------------------------- init
+
+def init_params(cfg: ModelConfig, seed: int | jax.Array = 0) -> Params:
+    """Random init: N(0, 0.02) matrices, unit norms, zero biases (HF's default init)."""
+    key = jax.random.PRNGKey(seed) if isinstance(seed, int) else seed
+    shapes = param_shapes(cfg)
+    keys = iter(jax.random.split(key, 32))
+    dt = cfg.jnp_param_dtype
+
+    def make(path, shape):
+        name = path[-1]
+        if "norm" in name:
+            return jnp.ones(shape, dt)
+        if name.startswith("b"):
+            return jnp.zeros(shape, dt)
+        return (0.02 * jax.random.normal(next(keys), shape, jnp.float32)).astype(dt)
+
+    return _map_with_path(make, shapes)
+
+
+def param_shapes(cfg: ModelConfig) -> Params:
+    """The params pytree with shape tuples as leaves (no allocation)."""
+    L, D, V, F = cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
+    N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    layers = {
+        "attn_norm": (L, D),
+        "wq": (L, D, N, H), "wk": (L, D, K, H), "wv": (L, D, K, H), "wo": (L, N, H, D),
+        "mlp_norm": (L, D),
+        "w_gate": (L, D, F), "w_up": (L, D, F), "w_down": (L, F, D),
+    }
+    if cfg.attention_bias:
+        layers.update(bq=(L, N, H), bk=(L, K, H), bv=(L, K, H))
+    if cfg.qk_norm:
+        layers.update(q_norm=(L, H), k_norm=(L, H))
+    shapes = {"embed": (V, D), "layers": layers, "final_norm": (D,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head"] = (D, V)
+    return shapes
+
+
+def _map_with_path(fn, tree, path=()):
+    if isinstance(tree, dict):
+        return {k: _map_with_path(fn, v, path + (k,)) for k, v in tree.items()}
+    return fn(path, tree)
+
+
+# ----------------------------------------------------------------------------- blocks
+
+def rms_norm(x, weight, eps):
+    """RMSNorm (Zhang & Sennrich 2019), computed in float32 like HF's Qwen2RMSNorm."""
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight.astype(x.dtype) * x32.astype(x.dtype)
+
+
+def rope(x_BTnH, positions_BT, theta):
+    """Rotary embedding in HF's rotate-half layout: x*cos + rotate_half(x)*sin (Su et al. 2021)."""
+    H = x_BTnH.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, H, 2, dtype=jnp.float32) / H))
+    freqs_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq
+    emb_BTH = jnp.concatenate([freqs_BTh, freqs_BTh], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(emb_BTH), jnp.sin(emb_BTH)
+    x1, x2 = jnp.split(x_BTnH.astype(jnp.float32), 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return (x_BTnH.astype(jnp.float32) * cos + rotated * sin).astype(x_BTnH.dtype)
+
+
+def _attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS):
+    """Grouped-query softmax attention; scores and softmax in float32."""
+    B, T, N, H = q_BTNH.shape
+    K = k_BSKH.shape[2]
+    q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
+    scores_BKGTS = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH,
+                              preferred_element_type=jnp.float32) * (H ** -0.5)
+    scores_BKGTS = jnp.where(mask_BTS[:, None, None], scores_BKGTS, _NEG_INF)
+    probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BSKH.dtype)
+    out_BTKGH = jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS, v_BSKH)
+    return out_BTKGH.reshape(B, T, N, H)
+
+
+def _qkv(cfg, lp, x_BTD, positions_BT):
+    dt = cfg.jnp_dtype
+    q = jnp.einsum("btd,dnh->btnh", x_BTD, lp["wq"].astype(dt))
+    k = jnp.einsum("btd,dkh->btkh", x_BTD, lp["wk"].astype(dt))
+    v = jnp.einsum("btd,dkh->btkh", x_BTD, lp["wv"].astype(dt))
+    if cfg.attention_bias:
+        q, k, v = q + lp["bq"].astype(dt), k + lp["bk"].astype(dt), v + lp["bv"].astype(dt)
+    if cfg.qk_norm:  # Qwen3: per-head RMSNorm before RoPE
+        q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
+        k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
+    return rope(q, positions_BT, cfg.rope_theta), rope(k, positions_BT, cfg.rope_theta), v
+
+
+def _mlp(cfg, lp, x_BTD):
+    dt = cfg.jnp_dtype
+    gate = jnp.einsum("btd,df->btf", x_BTD, lp["w_gate"].astype(dt))
+    up = jnp.einsum("btd,df->btf", x_BTD, lp["w_up"].astype(dt))
+    return jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, lp["w_down"].astype(dt))
+
+
+def _layer(cfg, lp, x_BTD, positions_BT, attend):
+    """Pre-norm residual block; `attend(q, k, v) -> out` hides where keys come from."""
+    h = rms_norm(x_BTD, lp["attn_norm"], cfg.rms_norm_eps)
+    q, k, v = _qkv(cfg, lp, h, positions_BT)
+    attn_BTNH = attend(q, k, v)
+    x_BTD = x_BTD + jnp.einsum("btnh,nhd->btd", attn_BTNH, lp["wo"].astype(cfg.jnp_dtype))
+    return x_BTD + _mlp(cfg, lp, rms_norm(x_BTD, lp["mlp_norm"], cfg.rms_norm_eps))
+
+
+def _layer_params(params, i):
+    return jax.tree.map(lambda a: a[i], params["layers"])
+
+
+def positions_from_valid(valid_BT, offset_B=None):
+    """RoPE position of each token = number of valid tokens before it (+ offset)."""
+    pos_BT = jnp.cumsum(valid_BT.astype(jnp.int32), axis=1) - 1
+    if offset_B is not None:
+        pos_BT = pos_BT + offset_B[:, None]
+    return jnp.maximum(pos_BT, 0)
+
+
+def embed(cfg, params, tokens_BT):
+    return params["embed"].astype(cfg.jnp_dtype)[tokens_BT]
+
+
+def logits_from_hidden(cfg: ModelConfig, params: Params, h_BTD) -> jax.Array:
+    """Final norm + LM head; logits in float32 whatever the compute dtype."""
+    h_BTD = rms_norm(h_BTD, params["final_norm"], cfg.rms_norm_eps)
+    w_DV = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
+    return jnp.einsum("btd,dv->btv", h_BTD, w_DV.astype(cfg.jnp_dtype),
+                      preferred_element_type=jnp.float32)
+
+
+# ----------------------------------------------------------------------------- full sequences
+
+def hidden_states(cfg: ModelConfig, params: Params, tokens_BT, valid_BT=None, *,
+                  remat: bool = False) -> jax.Array:
+    """Residual stream before the final norm, [B, T, D]. Used by the LM head and value heads."""
+    B, T = tokens_BT.shape
+    if valid_BT is None:
+        valid_BT = jnp.ones((B, T), bool)
+    positions_BT = positions_from_valid(valid_BT)
+    causal_TT = jnp.tril(jnp.ones((T, T), bool))
+    mask_BTS = causal_TT[None] & valid_BT[:, None, :]
+
+    def attend(q, k, v):
+        return _attention(q, k, v, mask_BTS)
+
+    def block(x, lp):
+        return _layer(cfg, lp, x, positions_BT, attend)
+
+    if remat:
+        block = jax.checkpoint(block)
+    x_BTD = embed(cfg, params, tokens_BT)
+    for i in range(cfg.num_layers):
+        x_BTD = block(x_BTD, _layer_params(params, i))
+    return x_BTD
+
+
+def forward(cfg: ModelConfig, params: Params, tokens_BT, valid_BT=None, *,
+            remat: bool = False) -> jax.Array:
+    """Causal forward over full sequences -> float32 logits [B, T, V].
+
+    With `valid_BT`, padded tokens (left-padded prompts, right-padded responses) are neither
+    attended to nor counted in positions; logits at padded positions are meaningless.
+    """
+    return logits_from_hidden(cfg, params, hidden_states(cfg, params, tokens_BT, valid_BT,
+                                                         remat=remat))
+
+
+# ----------------------------------------------------------------------------- KV cache
+
+@flax.struct.dataclass
+class KVCache:
+    """Decode state. Slots are shared by all rows; `index` is the next slot to write."""
+    k_LBSKH: jax.Array
+    v_LBSKH: jax.Array
+    valid_BS: jax.Array     # bool: slot holds a real (non-pad) token
+    next_pos_B: jax.Array   # int32: RoPE position of the next token of each row
+    index: jax.Array        # int32 scalar
+
+    @property
+    def max_len(self) -> int:
+        return self.k_LBSKH.shape[2]
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
+    dt = jnp.dtype(dtype) if dtype is not None else cfg.jnp_dtype
+    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    return KVCache(k_LBSKH=jnp.zeros(shape, dt), v_LBSKH=jnp.zeros(shape, dt),
+                   valid_BS=jnp.zeros((batch, max_len), bool),
+                   next_pos_B=jnp.zeros((batch,), jnp.int32),
+                   index=jnp.zeros((), jnp.int32))
+
+
+def extend(cfg: ModelConfig, params: Params, cache: KVCache, tokens_BT, valid_BT=None):
+    """Append T tokens to the cache and return (logits_BTV float32, new cache).
+
+    Prefill is one call with the left-padded prompt block; each decode step is a call with
+    T = 1. Query t (slot index + t) attends to slots <= index + t that hold valid tokens.
+    """
+    B, T = tokens_BT.shape
+    if valid_BT is None:
+        valid_BT = jnp.ones((B, T), bool)
+    S = cache.max_len
+    start = cache.index
+    positions_BT = positions_from_valid(valid_BT, cache.next_pos_B)
+    valid_BS = jax.lax.dynamic_update_slice(cache.valid_BS, valid_BT, (0, start))
+    slot_S = jnp.arange(S)
+    causal_TS = slot_S[None, :] <= (start + jnp.arange(T))[:, None]
+    mask_BTS = causal_TS[None] & valid_BS[:, None, :]
+
+    k_cache, v_cache = cache.k_LBSKH, cache.v_LBSKH
+    x_BTD = embed(cfg, params, tokens_BT)
+    for i in range(cfg.num_layers):
+        def attend(q, k, v, i=i):
+            nonlocal k_cache, v_cache
+            k_cache = jax.lax.dynamic_update_slice(
+                k_cache, k.astype(k_cache.dtype)[None], (i, 0, start, 0, 0))
+            v_cache = jax.lax.dynamic_update_slice(
+                v_cache, v.astype(v_cache.dtype)[None], (i, 0, start, 0, 0))
+            return _attention(q, k_cache[i].astype(q.dtype), v_cache[i].astype(q.dtype),
+                              mask_BTS)
+        x_BTD = _layer(cfg, _layer_params(params, i), x_BTD, positions_BT, attend)
+
+    logits_BTV = logits_from_hidden(cfg, params, x_BTD)
+    new_cache = KVCache(k_LBSKH=k_cache, v_LBSKH=v_cache, valid_BS=valid_BS,
+                        next_pos_B=cache.next_pos_B + valid_BT.sum(axis=1, dtype=jnp.int32),
+                        index=start + T)
+    return logits_BTV, new_cache

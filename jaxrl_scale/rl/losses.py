@@ -1,0 +1,299 @@
+"""Advantage estimators and RL losses for LLM policy optimisation (GRPO, PPO).
+
+Shapes: N responses (= P*G, prompt-major), P prompts, G group size, B batch rows, T time, V vocab.
+
+Every function is pure and jit-able. Arguments that change the graph (estimator names,
+aggregation modes, clip settings) are Python values, checked eagerly with clear errors.
+Definitions follow docs/SCIENCE.md section 6 (verl, Tunix and TRL agree on them).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+             "seq-mean-token-sum-norm")
+KL_KINDS = ("k1", "k2", "k3")
+
+# Log-ratios are clamped before exp(): e^20 is already meaningless as a ratio, e^89 overflows f32.
+_LOG_RATIO_BOUND = 20.0
+
+
+def _f32(x) -> Array:
+    return jnp.asarray(x, jnp.float32)
+
+
+def _masked_mean(x_BT: Array, mask_BT: Array) -> Array:
+    """Mean over entries where mask is 1; 0 (not NaN) when nothing is valid."""
+    m_BT = _f32(mask_BT)
+    return jnp.sum(_f32(x_BT) * m_BT) / jnp.maximum(jnp.sum(m_BT), 1.0)
+
+
+# ----------------------------------------------------------------------------- advantages
+
+
+def group_advantages(rewards_N: Array, group_size: int, *, estimator: str = "grpo",
+                     eps: float = 1e-6) -> Array:
+    """Outcome advantages shared within each prompt's group of G responses.
+
+    Rows are prompt-major: rows i*G .. i*G+G-1 answer prompt i.
+      "grpo"   (Shao et al. 2024, DeepSeekMath eq. 3): A_i = (r_i - mean) / (std_{N-1} + eps)
+      "drgrpo" (Liu et al. 2025, "Understanding R1-Zero-Like Training"): A_i = r_i - mean
+      "rloo"   (Ahmadian et al. 2024; Kool et al. 2019): A_i = r_i - mean_{j != i} r_j
+                = G / (G - 1) * (r_i - mean)
+    A group whose rewards are all equal gets exactly 0 under every estimator: it carries no
+    signal, and the floating-point residue of r - mean must not leak through.
+    """
+    if estimator not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"estimator={estimator!r}; valid estimators: {ADVANTAGE_ESTIMATORS}")
+    rewards_N = jnp.asarray(rewards_N)
+    group_size = int(group_size)
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got group_size={group_size}")
+    if estimator in ("grpo", "rloo") and group_size < 2:
+        raise ValueError(
+            f"estimator={estimator!r} needs group_size >= 2 (unbiased std / leave-one-out "
+            f"mean), got group_size={group_size}")
+    if rewards_N.ndim != 1 or rewards_N.shape[0] % group_size != 0:
+        raise ValueError(
+            f"rewards_N must be 1-D with a length divisible by group_size; got shape "
+            f"{tuple(rewards_N.shape)} and group_size={group_size}")
+    n = rewards_N.shape[0]
+
+    r_PG = _f32(rewards_N).reshape(n // group_size, group_size)
+    mean_P1 = jnp.mean(r_PG, axis=1, keepdims=True)
+    centered_PG = r_PG - mean_P1
+    if estimator == "grpo":
+        std_P1 = jnp.std(r_PG, axis=1, keepdims=True, ddof=1)
+        adv_PG = centered_PG / (std_P1 + eps)
+    elif estimator == "drgrpo":
+        adv_PG = centered_PG
+    else:
+        adv_PG = centered_PG * (group_size / (group_size - 1))
+    constant_P1 = jnp.max(r_PG, axis=1, keepdims=True) == jnp.min(r_PG, axis=1, keepdims=True)
+    adv_PG = jnp.where(constant_P1, 0.0, adv_PG)
+    return adv_PG.reshape(n)
+
+
+def gae(rewards_BT: Array, values_BT: Array, mask_BT: Array, *, gamma: float = 1.0,
+        lam: float = 0.95) -> tuple[Array, Array]:
+    """Generalised advantage estimation (Schulman et al. 2016, eq. 16), unwhitened.
+
+      delta_t = r_t + gamma V_{t+1} - V_t,   A_t = delta_t + gamma lam A_{t+1},   R_t = A_t + V_t
+
+    Mask-aware, as a reverse `lax.scan` over time: a masked position is skipped (its reward
+    and value are ignored and "t+1" means the next *valid* token, as in verl's multi-turn GAE)
+    and the value after the last valid token is 0. Advantages and returns are 0 where masked.
+    """
+    m_BT = _f32(mask_BT)
+    r_TB = (_f32(rewards_BT) * m_BT).T
+    v_TB = (_f32(values_BT) * m_BT).T
+    m_TB = m_BT.T
+
+    def step(carry, xs):
+        next_v_B, next_adv_B = carry
+        r_B, v_B, m_B = xs
+        delta_B = r_B + gamma * next_v_B - v_B
+        adv_B = delta_B + gamma * lam * next_adv_B
+        valid_B = m_B > 0
+        carry = (jnp.where(valid_B, v_B, next_v_B), jnp.where(valid_B, adv_B, next_adv_B))
+        return carry, jnp.where(valid_B, adv_B, 0.0)
+
+    zeros_B = jnp.zeros(r_TB.shape[1], jnp.float32)
+    _, adv_TB = jax.lax.scan(step, (zeros_B, zeros_B), (r_TB, v_TB, m_TB), reverse=True)
+    adv_BT = adv_TB.T
+    returns_BT = (adv_BT + v_TB.T) * m_BT
+    return adv_BT, returns_BT
+
+
+def masked_whiten(x_BT: Array, mask_BT: Array, shift_mean: bool = True,
+                  eps: float = 1e-8) -> Array:
+    """(x - mean) / sqrt(var + eps), mean and unbiased var over valid entries only.
+
+    The PPO advantage whitening of verl/TRL (`masked_whiten`). With shift_mean=False the mean
+    is added back, so only the scale changes. Masked entries come out as 0.
+    """
+    m_BT = _f32(mask_BT)
+    x_BT = _f32(x_BT)
+    count = jnp.sum(m_BT)
+    mean = jnp.sum(x_BT * m_BT) / jnp.maximum(count, 1.0)
+    var = jnp.sum(jnp.square(x_BT - mean) * m_BT) / jnp.maximum(count - 1.0, 1.0)
+    out_BT = (x_BT - mean) * jax.lax.rsqrt(var + eps)
+    if not shift_mean:
+        out_BT = out_BT + mean
+    return out_BT * m_BT
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+
+def aggregate(x_BT: Array, mask_BT: Array, mode: str) -> Array:
+    """Reduce per-token values to a scalar (verl's `agg_loss` modes).
+
+      token-mean               sum(x m) / sum(m)                       (DAPO, Yu et al. 2025)
+      seq-mean-token-mean      mean, over rows with >= 1 valid token, of per-row token means
+                               (original GRPO, Shao et al. 2024)
+      seq-mean-token-sum       mean over all rows of per-row token sums
+      seq-mean-token-sum-norm  sum(x m) / T, T the padded length    (Dr.GRPO, Liu et al. 2025)
+
+    Denominators are guarded with max(., 1): all-masked rows or batches give 0, never NaN.
+    """
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown aggregation mode={mode!r}; valid modes: {AGG_MODES}")
+    m_BT = _f32(mask_BT)
+    xm_BT = _f32(x_BT) * m_BT
+    if mode == "token-mean":
+        return jnp.sum(xm_BT) / jnp.maximum(jnp.sum(m_BT), 1.0)
+    if mode == "seq-mean-token-mean":
+        count_B = jnp.sum(m_BT, axis=1)
+        row_mean_B = jnp.sum(xm_BT, axis=1) / jnp.maximum(count_B, 1.0)
+        has_tokens_B = _f32(count_B > 0)
+        return jnp.sum(row_mean_B * has_tokens_B) / jnp.maximum(jnp.sum(has_tokens_B), 1.0)
+    if mode == "seq-mean-token-sum":
+        return jnp.mean(jnp.sum(xm_BT, axis=1))
+    return jnp.sum(xm_BT) / max(x_BT.shape[1], 1)
+
+
+# ----------------------------------------------------------------------------- policy / value
+
+
+def kl_penalty(logp_BT: Array, ref_logp_BT: Array, kind: str = "k3") -> Array:
+    """Per-token estimators of KL(pi || pi_ref) on samples of pi (Schulman 2020, "Approximating
+    KL Divergence").
+
+      x = log pi_ref - log pi:   k1 = -x,   k2 = x^2 / 2,   k3 = exp(x) - x - 1  (unbiased, >= 0)
+
+    For k3, x is clamped to +-20 so exp() cannot overflow.
+    """
+    if kind not in KL_KINDS:
+        raise ValueError(f"unknown kl kind={kind!r}; valid kinds: {KL_KINDS}")
+    x_BT = _f32(ref_logp_BT) - _f32(logp_BT)
+    if kind == "k1":
+        return -x_BT
+    if kind == "k2":
+        return 0.5 * jnp.square(x_BT)
+    x_BT = jnp.clip(x_BT, -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+    return jnp.exp(x_BT) - x_BT - 1.0
+
+
+def policy_loss(logp_BT: Array, old_logp_BT: Array, advantages_BT: Array, mask_BT: Array, *,
+                clip_low: float = 0.2, clip_high: float = 0.2,
+                dual_clip: Optional[float] = None, agg: str = "token-mean",
+                prox_logp_BT: Optional[Array] = None) -> tuple[Array, dict[str, Array]]:
+    """PPO clipped surrogate (Schulman et al. 2017, eq. 7) with asymmetric and dual clipping.
+
+      r = exp(clamp(logp - logp_old, -20, 20))
+      L = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))   (clip-higher: DAPO, Yu et al. 2025)
+      if A < 0 and dual_clip = c > 1:  L = min(L, -c A)        (dual clip: Ye et al. 2020)
+
+    Decoupled PPO (Hilton, Cobbe & Schulman 2022, "Batch size-invariance for policy
+    optimization"): when `prox_logp_BT` is given, `old_logp_BT` is the behaviour policy that
+    sampled the tokens and the clip is centred on the proximal policy,
+      L = (pi_prox / pi_behav) * max(-A r, -A clip(r, ...)),   r = pi / pi_prox,
+    with the importance weight held constant (stop-gradient). prox == behaviour is plain PPO.
+
+    Metrics (token-mean over valid tokens, no gradient): clipfrac (= upper + lower),
+    clipfrac_upper (A > 0, r > 1 + clip_high), clipfrac_lower (A < 0, r < 1 - clip_low),
+    dual_clipfrac, approx_kl (k3 of behaviour vs current policy), ratio_mean.
+    """
+    if dual_clip is not None and not dual_clip > 1.0:
+        raise ValueError(f"dual_clip must be > 1 (or None to disable), got dual_clip={dual_clip}")
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip_low and clip_high must be >= 0, got clip_low={clip_low}, "
+                         f"clip_high={clip_high}")
+    logp_BT = _f32(logp_BT)
+    old_logp_BT = _f32(old_logp_BT)
+    adv_BT = _f32(advantages_BT)
+    centre_logp_BT = old_logp_BT if prox_logp_BT is None else _f32(prox_logp_BT)
+
+    ratio_BT = jnp.exp(jnp.clip(logp_BT - centre_logp_BT, -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND))
+    unclipped_BT = -adv_BT * ratio_BT
+    clipped_BT = -adv_BT * jnp.clip(ratio_BT, 1.0 - clip_low, 1.0 + clip_high)
+    loss_BT = jnp.maximum(unclipped_BT, clipped_BT)
+    is_clipped_BT = clipped_BT > unclipped_BT
+    if dual_clip is not None:
+        floor_BT = -dual_clip * adv_BT
+        dual_BT = (adv_BT < 0) & (loss_BT > floor_BT)
+        loss_BT = jnp.where(dual_BT, floor_BT, loss_BT)
+    else:
+        dual_BT = jnp.zeros_like(is_clipped_BT)
+    if prox_logp_BT is not None:
+        log_w_BT = jnp.clip(centre_logp_BT - old_logp_BT, -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+        loss_BT = loss_BT * jax.lax.stop_gradient(jnp.exp(log_w_BT))
+    loss = aggregate(loss_BT, mask_BT, agg)
+
+    sg = jax.lax.stop_gradient
+    metrics = {
+        "clipfrac": _masked_mean(is_clipped_BT, mask_BT),
+        "clipfrac_upper": _masked_mean(is_clipped_BT & (adv_BT > 0), mask_BT),
+        "clipfrac_lower": _masked_mean(is_clipped_BT & (adv_BT < 0), mask_BT),
+        "dual_clipfrac": _masked_mean(dual_BT, mask_BT),
+        "approx_kl": _masked_mean(sg(kl_penalty(logp_BT, old_logp_BT, "k3")), mask_BT),
+        "ratio_mean": _masked_mean(sg(ratio_BT), mask_BT),
+    }
+    return loss, metrics
+
+
+def value_loss(values_BT: Array, old_values_BT: Array, returns_BT: Array, mask_BT: Array, *,
+               clip: Optional[float] = 0.2,
+               agg: str = "token-mean") -> tuple[Array, dict[str, Array]]:
+    """Clipped value loss of PPO2 (OpenAI baselines; Andrychowicz et al. 2021, sec. 3.4).
+
+      0.5 * max((v - R)^2, (v_old + clip(v - v_old, -clip, clip) - R)^2);  clip=None: 0.5 (v - R)^2
+
+    Metrics: vf_clipfrac (fraction of valid tokens where the clipped term is the larger one),
+    vpred_mean (mean prediction over valid tokens).
+    """
+    if clip is not None and clip < 0:
+        raise ValueError(f"clip must be >= 0 (or None to disable), got clip={clip}")
+    v_BT = _f32(values_BT)
+    ret_BT = _f32(returns_BT)
+    unclipped_BT = jnp.square(v_BT - ret_BT)
+    if clip is None:
+        loss_BT = 0.5 * unclipped_BT
+        clipfrac = jnp.zeros([], jnp.float32)
+    else:
+        old_BT = _f32(old_values_BT)
+        clipped_BT = jnp.square(old_BT + jnp.clip(v_BT - old_BT, -clip, clip) - ret_BT)
+        loss_BT = 0.5 * jnp.maximum(unclipped_BT, clipped_BT)
+        clipfrac = _masked_mean(clipped_BT > unclipped_BT, mask_BT)
+    loss = aggregate(loss_BT, mask_BT, agg)
+    metrics = {"vf_clipfrac": clipfrac,
+               "vpred_mean": _masked_mean(jax.lax.stop_gradient(v_BT), mask_BT)}
+    return loss, metrics
+
+
+# ----------------------------------------------------------------------------- from logits
+
+
+def entropy_from_logits(logits_BTV: Array) -> Array:
+    """Per-token entropy of softmax(z): H = logsumexp(z) - sum_v softmax(z)_v z_v, float32."""
+    z_BTV = _f32(logits_BTV)
+    p_BTV = jax.nn.softmax(z_BTV, axis=-1)
+    return jax.nn.logsumexp(z_BTV, axis=-1) - jnp.sum(p_BTV * z_BTV, axis=-1)
+
+
+def token_logprobs(logits_BTV: Array, tokens_BT: Array, temperature: float = 1.0) -> Array:
+    """log softmax(logits / temperature) gathered at `tokens_BT`, float32.
+
+    Scoring under the temperature the sampler used makes the trainer's log-probs comparable
+    with the behaviour log-probs recorded at generation. temperature 0 (greedy) or 1: no scaling.
+    """
+    z_BTV = _f32(logits_BTV)
+    t = _f32(temperature)
+    z_BTV = z_BTV / jnp.where(t > 0, t, 1.0)
+    tokens_BT1 = jnp.asarray(tokens_BT, jnp.int32)[..., None]
+    picked_BT = jnp.take_along_axis(z_BTV, tokens_BT1, axis=-1)[..., 0]
+    return picked_BT - jax.nn.logsumexp(z_BTV, axis=-1)
+
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS", "AGG_MODES", "KL_KINDS",
+    "group_advantages", "gae", "masked_whiten", "aggregate", "kl_penalty", "policy_loss",
+    "value_loss", "entropy_from_logits", "token_logprobs",
+]

@@ -1,0 +1,332 @@
+"""Reading runs for the scaling analysis: numpy only, so logs from any framework work.
+
+A run directory holds ``metrics.jsonl`` (one JSON record per line) and optionally
+``config.json``. Training records carry ``{"step", "responses", "time_s"}`` (cumulative
+retained responses, cumulative wall seconds with eval excluded); a record with
+``"score"`` is an eval record. A CSV with a column map can stand in for ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import re
+from typing import Any, Iterable
+
+import numpy as np
+
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.json"
+
+LR_RULES = ("sqrt", "fixed", "linear", "malladi")
+_SEED_RE = re.compile(r"[_\-.](?:s|seed)(\d+)$")
+
+
+@dataclasses.dataclass
+class Run:
+    """One run: its records split into training and eval, plus what the analysis needs.
+
+    ``batch`` is retained responses per optimizer update (GRPO P*G, PPO P);
+    ``batch_source`` says where it came from ("config", "increments" or "" when unknown).
+    """
+    name: str
+    train: list[dict]
+    evals: list[dict]
+    config: dict = dataclasses.field(default_factory=dict)
+    path: str | None = None
+    batch: float | None = None
+    batch_source: str = ""
+    batch_gen: float | None = None
+    lr_rule: str | None = None
+    algo: str | None = None
+    seed: int | None = None
+    group: str = ""
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+    def eval_curve(self) -> tuple[np.ndarray, np.ndarray]:
+        """(responses, scores) of the eval records, sorted by responses."""
+        n = np.array([r["responses"] for r in self.evals], dtype=float)
+        s = np.array([r["score"] for r in self.evals], dtype=float)
+        return n, s
+
+    def train_series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """(responses, values) of training records that carry a finite ``key``."""
+        pts = [(r["responses"], r[key]) for r in self.train
+                if _is_num(r.get(key)) and _is_num(r.get("responses"))]
+        if not pts:
+            return np.zeros(0), np.zeros(0)
+        a = np.array(pts, dtype=float)
+        return a[:, 0], a[:, 1]
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_get(config: dict, *keys: str) -> Any:
+    """First value found for any of ``keys``, at top level or nested (matched on the last part)."""
+    for k in keys:
+        if k in config:
+            return config[k]
+    flat = _flatten(config)
+    for k in keys:
+        for fk, v in flat.items():
+            if fk.rsplit(".", 1)[-1] == k:
+                return v
+    return None
+
+
+def strip_seed(name: str) -> str:
+    """Config name without a trailing seed tag: ``grpo_P64_G8_sqrt_s0`` -> ``grpo_P64_G8_sqrt``."""
+    return _SEED_RE.sub("", name)
+
+
+def seed_from_name(name: str) -> int | None:
+    m = _SEED_RE.search(name)
+    return int(m.group(1)) if m else None
+
+
+def lr_rule_from_name(name: str) -> str | None:
+    parts = re.split(r"[_\-.]", name.lower())
+    for rule in LR_RULES:
+        if rule in parts:
+            return rule
+    return None
+
+
+def batch_from_config(config: dict) -> float | None:
+    """Retained responses per update: ``batch_train``, else ``prompts_per_step * group_size``."""
+    b = config_get(config, "batch_train", "train_batch", "B_train")
+    if _is_num(b) and b > 0:
+        return float(b)
+    p = config_get(config, "prompts_per_step", "num_prompts", "P")
+    g = config_get(config, "group_size", "G")
+    if _is_num(p) and p > 0:
+        if _is_num(g) and g > 0:
+            return float(p) * float(g)
+        algo = config_get(config, "algo")
+        if isinstance(algo, str) and algo.lower() == "ppo":
+            return float(p)
+    return None
+
+
+def batch_from_increments(train: list[dict]) -> float | None:
+    """Median responses per optimizer step from consecutive training records.
+
+    Uses d(responses)/d(step) when steps are logged, so logging every k steps still
+    gives the per-update batch.
+    """
+    rates = []
+    for a, b in zip(train[:-1], train[1:]):
+        dn = b.get("responses", np.nan) - a.get("responses", np.nan)
+        if not (_is_num(dn) and dn > 0):
+            continue
+        sa, sb = a.get("step"), b.get("step")
+        ds = (sb - sa) if (_is_num(sa) and _is_num(sb)) else 1
+        if ds > 0:
+            rates.append(dn / ds)
+    if not rates and len(train) == 1 and _is_num(train[0].get("step")) and train[0]["step"] > 0:
+        rates.append(train[0]["responses"] / train[0]["step"])
+    return float(np.median(rates)) if rates else None
+
+
+def make_run(name: str, records: Iterable[dict], config: dict | None = None,
+             path: str | None = None) -> Run:
+    """Split records into training and eval, fill eval ``responses`` from ``step`` if needed,
+    and infer batch, lr rule, algo, seed and config group."""
+    config = dict(config or {})
+    records = [r for r in records if isinstance(r, dict)]
+    warnings: list[str] = []
+    train = [r for r in records if "score" not in r and _is_num(r.get("responses"))
+                and _is_num(r.get("time_s"))]
+    if not train:
+        # Some exporters put time on the eval rows too: use them rather than lose q.
+        train = [r for r in records if _is_num(r.get("responses")) and _is_num(r.get("time_s"))]
+    train.sort(key=lambda r: (r["responses"], r.get("step", 0)))
+
+    evals = []
+    steps_n = [(r["step"], r["responses"]) for r in records
+                if _is_num(r.get("step")) and _is_num(r.get("responses"))]
+    steps_n.sort()
+    for r in records:
+        if not _is_num(r.get("score")):
+            continue
+        r = dict(r)
+        if not _is_num(r.get("responses")):
+            if _is_num(r.get("step")) and steps_n:
+                s, n = np.array(steps_n, dtype=float).T
+                r["responses"] = float(np.interp(r["step"], np.r_[0.0, s], np.r_[0.0, n]))
+            else:
+                warnings.append(f"eval record without responses or step dropped: {r}")
+                continue
+        evals.append(r)
+    evals.sort(key=lambda r: r["responses"])
+
+    run = Run(name=name, train=train, evals=evals, config=config, path=path, warnings=warnings)
+    b = batch_from_config(config)
+    if b is not None:
+        run.batch, run.batch_source = b, "config"
+    else:
+        b = batch_from_increments(train)
+        if b is not None:
+            run.batch, run.batch_source = b, "increments"
+    bg = config_get(config, "batch_gen", "B_gen")
+    if not _is_num(bg):
+        bgs = [r["batch_gen"] for r in train if _is_num(r.get("batch_gen"))]
+        bg = float(np.median(bgs)) if bgs else None
+    run.batch_gen = float(bg) if _is_num(bg) else None
+
+    cname = config_get(config, "name")
+    cname = cname if isinstance(cname, str) and cname else name
+    rule = config_get(config, "lr_rule", "lr_scaling", "lr_scale_rule")
+    run.lr_rule = rule.lower() if isinstance(rule, str) else lr_rule_from_name(cname)
+    algo = config_get(config, "algo", "algorithm")
+    run.algo = algo.lower() if isinstance(algo, str) else None
+    seed = config_get(config, "seed")
+    run.seed = int(seed) if _is_num(seed) else seed_from_name(name)
+    run.group = strip_seed(cname)
+    return run
+
+
+def read_jsonl(path: str) -> tuple[list[dict], int]:
+    """Records of a JSONL file and the number of unreadable lines (e.g. a half-written tail)."""
+    records, bad = [], 0
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                bad += 1
+                continue
+            if isinstance(rec, dict):
+                records.append(rec)
+    return records, bad
+
+
+def read_run(run_dir: str, name: str | None = None) -> Run:
+    """A run directory with ``metrics.jsonl`` and an optional ``config.json``."""
+    mpath = os.path.join(run_dir, METRICS_FILE)
+    if not os.path.isfile(mpath):
+        raise FileNotFoundError(f"{run_dir}: no {METRICS_FILE}")
+    records, bad = read_jsonl(mpath)
+    config = {}
+    cpath = os.path.join(run_dir, CONFIG_FILE)
+    if os.path.isfile(cpath):
+        with open(cpath) as f:
+            config = json.load(f)
+    name = name or os.path.basename(os.path.normpath(run_dir))
+    run = make_run(name, records, config, path=run_dir)
+    if bad:
+        run.warnings.append(f"{bad} unreadable line(s) in {mpath}")
+    return run
+
+
+def parse_columns(spec: str | dict | None) -> dict[str, str]:
+    """``"step:global_step,responses:samples"`` -> {ours: theirs}."""
+    if spec is None or spec == "":
+        return {}
+    if isinstance(spec, dict):
+        return dict(spec)
+    out = {}
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if ":" not in item:
+            raise ValueError(f"column map item {item!r} is not ours:theirs")
+        ours, theirs = item.split(":", 1)
+        out[ours.strip()] = theirs.strip()
+    return out
+
+
+def _num(x: str) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def read_csv_run(path: str, columns: str | dict | None = None, name: str | None = None,
+                 config: dict | None = None) -> Run:
+    """A run from a CSV. ``columns`` maps our field names to CSV headers; unmapped headers
+    keep their own names. Rows with a score are eval points; rows with time are training."""
+    cmap = parse_columns(columns)
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        headers = reader.fieldnames or []
+        missing = [theirs for theirs in cmap.values() if theirs not in headers]
+        if missing:
+            raise ValueError(f"{path}: column(s) {missing} not in CSV header {headers}")
+        inverse = {theirs: ours for ours, theirs in cmap.items()}
+        records = []
+        for row in reader:
+            rec = {}
+            for h, v in row.items():
+                if h is None:
+                    continue
+                x = _num(v)
+                if x is not None:
+                    rec[inverse.get(h, h)] = x
+            if rec:
+                records.append(rec)
+    name = name or os.path.splitext(os.path.basename(path))[0]
+    # A CSV row often holds both a training point and a score: keep it in both roles.
+    train_recs = [{k: v for k, v in r.items() if k != "score"} for r in records
+                                if "time_s" in r]
+    eval_recs = [r for r in records if "score" in r]
+    return make_run(name, train_recs + eval_recs, config, path=path)
+
+
+@dataclasses.dataclass
+class Sweep:
+    runs: list[Run]
+    skipped: list[dict]  # {"dir", "reason"}
+
+
+def read_sweep(sweep_dir: str) -> Sweep:
+    """Every subdirectory with ``metrics.jsonl`` is a run; others are listed as skipped.
+
+    A directory that itself holds ``metrics.jsonl`` is a one-run sweep.
+    """
+    if not os.path.isdir(sweep_dir):
+        raise FileNotFoundError(f"sweep dir {sweep_dir!r} does not exist or is not a directory")
+    if os.path.isfile(os.path.join(sweep_dir, METRICS_FILE)):
+        return Sweep([read_run(sweep_dir)], [])
+    runs, skipped = [], []
+    for entry in sorted(os.listdir(sweep_dir)):
+        d = os.path.join(sweep_dir, entry)
+        if not os.path.isdir(d) or entry.startswith("."):
+            continue
+        if not os.path.isfile(os.path.join(d, METRICS_FILE)):
+            skipped.append({"dir": entry, "reason": f"no {METRICS_FILE}"})
+            continue
+        try:
+            runs.append(read_run(d))
+        except (OSError, ValueError) as e:
+            skipped.append({"dir": entry, "reason": f"unreadable: {e}"})
+    return Sweep(runs, skipped)
+
+
+def group_runs(runs: list[Run]) -> dict[str, list[Run]]:
+    """Runs grouped by config name without the seed."""
+    groups: dict[str, list[Run]] = {}
+    for r in runs:
+        groups.setdefault(r.group or r.name, []).append(r)
+    return groups

@@ -1,0 +1,343 @@
+"""Time-to-target: N*, q, r_N, r_q, T/T0 (SCIENCE.md section 1), seeds, sigmoid fit, critical
+training batch and the batch-size-invariance check (section 2).
+
+    dJ/dt = dJ/dN * dN/dt;  T = N* / q;  T/T0 = r_N / r_q,  r_N = N*/N0*,  r_q = q/q0.
+
+A larger batch is faster iff r_q > r_N. Runs that never reach the target are reported with
+``reached=False`` and null numbers: never dropped, never extrapolated.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from jaxrl_scale.scaling.io import Run
+
+# Per-run numbers averaged over seeds of a config group.
+SEED_KEYS = ("N_star", "q", "r_N", "r_q", "T_over_T0", "T", "updates_to_target",
+             "updates_ratio")
+
+
+def _finite(x: Any) -> bool:
+    return x is not None and isinstance(x, (int, float, np.floating)) and math.isfinite(x)
+
+
+def n_star(responses: Sequence[float], scores: Sequence[float], target: float) -> float | None:
+    """Cumulative responses at which the eval score first reaches ``target``.
+
+    Linear interpolation between the last eval below and the first at or above the target;
+    if the first eval already meets it, its N. None when never reached. NaN scores are skipped.
+    """
+    n = np.asarray(responses, dtype=float)
+    s = np.asarray(scores, dtype=float)
+    keep = np.isfinite(n) & np.isfinite(s)
+    n, s = n[keep], s[keep]
+    order = np.argsort(n, kind="stable")
+    n, s = n[order], s[order]
+    if n.size == 0:
+        return None
+    if s[0] >= target:
+        return float(n[0])
+    for i in range(1, n.size):
+        if s[i] >= target:
+            frac = (target - s[i - 1]) / (s[i] - s[i - 1])
+            return float(n[i - 1] + frac * (n[i] - n[i - 1]))
+    return None
+
+
+def time_at(train_records: Sequence[dict], n: float) -> float | None:
+    """Cumulative wall seconds at ``n`` responses, interpolated between training records.
+
+    (0 responses, 0 s) anchors the start. Past the last record the last segment's rate is
+    extended (evals are often logged a little after the last training record).
+    """
+    pts = sorted((float(r["responses"]), float(r["time_s"])) for r in train_records
+                 if _finite(r.get("responses")) and _finite(r.get("time_s")))
+    if not pts:
+        return None
+    nn, tt = np.array(pts).T
+    if nn[0] > 0:
+        nn, tt = np.r_[0.0, nn], np.r_[0.0, tt]
+    if n <= nn[-1]:
+        return float(np.interp(n, nn, tt))
+    rate = (tt[-1] - tt[-2]) / (nn[-1] - nn[-2]) if nn[-1] > nn[-2] else 0.0
+    return float(tt[-1] + rate * (n - nn[-1]))
+
+
+def throughput(train_records: Sequence[dict], n_star_value: float | None) -> float | None:
+    """q: mean end-to-end throughput over [0, N*] = N* / t(N*), retained responses per second."""
+    if n_star_value is None:
+        return None
+    t = time_at(train_records, n_star_value)
+    if t is None or t <= 0:
+        return None
+    return float(n_star_value / t)
+
+
+def time_ratio(r_n: float, r_q: float) -> float:
+    """T/T0 = r_N / r_q."""
+    return r_n / r_q
+
+
+def _ratio(a, b):
+    return float(a / b) if _finite(a) and _finite(b) and b != 0 else None
+
+
+def run_numbers(run: Run, target: float) -> dict:
+    """N*, q, T and updates-to-target of one run (no reference needed)."""
+    n, s = run.eval_curve()
+    ns = n_star(n, s, target) if n.size else None
+    q = throughput(run.train, ns)
+    out = {
+        "N_star": ns,
+        "q": q,
+        "reached": ns is not None,
+        "T": _ratio(ns, q),
+        "updates_to_target": _ratio(ns, run.batch),
+        "batch": run.batch,
+        "n_evals": int(n.size),
+        "max_score": float(np.nanmax(s)) if s.size else None,
+        "final_score": float(s[-1]) if s.size else None,
+    }
+    return out
+
+
+def reference_numbers(runs: Sequence[Run], target: float) -> dict:
+    """N0*, q0, updates0 of a reference: one run, or the seed mean of a config group."""
+    nums = [run_numbers(r, target) for r in runs]
+    reached = [x for x in nums if x["reached"]]
+    if not reached:
+        return {"N_star": None, "q": None, "updates_to_target": None, "n_reached": 0}
+    mean = lambda k: (float(np.mean([x[k] for x in reached])) if all(_finite(x[k]) for x in reached)
+                      else None)
+    return {"N_star": mean("N_star"), "q": mean("q"),
+            "updates_to_target": mean("updates_to_target"), "n_reached": len(reached)}
+
+
+def compare(runs: Sequence[Run], reference: Run | Sequence[Run], target: float) -> dict:
+    """Per-run N_star, q, r_N, r_q, T_over_T0, reached, T, updates_to_target, updates_ratio.
+
+    ``reference`` is one run or a list of seed runs (their mean N* and q are the reference).
+    Raises ValueError when the reference never reaches the target.
+    """
+    ref_runs = [reference] if isinstance(reference, Run) else list(reference)
+    ref = reference_numbers(ref_runs, target)
+    if ref["N_star"] is None:
+        names = ", ".join(r.name for r in ref_runs)
+        best = [run_numbers(r, target)["max_score"] for r in ref_runs]
+        raise ValueError(f"reference ({names}) never reaches target {target} "
+                         f"(best eval score {best}); pick a lower target or another reference")
+    out = {}
+    for run in runs:
+        x = run_numbers(run, target)
+        x["r_N"] = _ratio(x["N_star"], ref["N_star"])
+        x["r_q"] = _ratio(x["q"], ref["q"])
+        x["T_over_T0"] = (time_ratio(x["r_N"], x["r_q"])
+                          if _finite(x["r_N"]) and _finite(x["r_q"]) and x["r_q"] else None)
+        x["updates_ratio"] = _ratio(x["updates_to_target"], ref["updates_to_target"])
+        out[run.name] = x
+    return out
+
+
+def seed_stats(per_run: dict, groups: dict[str, list[str]],
+               keys: Sequence[str] = SEED_KEYS) -> dict:
+    """Mean and std (ddof=0) of each number over the seeds of each config group.
+
+    ``groups`` maps a group name to run names. Means are over seeds that reached the target;
+    ``n_seeds`` and ``n_reached`` say how many there were.
+    """
+    out = {}
+    for g, names in groups.items():
+        rows = [per_run[n] for n in names if n in per_run]
+        st = {"runs": list(names), "n_seeds": len(rows),
+              "n_reached": sum(bool(r.get("reached")) for r in rows),
+              "reached": bool(rows) and all(r.get("reached") for r in rows)}
+        for k in keys:
+            vals = [r[k] for r in rows if r.get("reached") and _finite(r.get(k))]
+            st[k] = float(np.mean(vals)) if vals else None
+            st[k + "_std"] = float(np.std(vals)) if vals else None
+        out[g] = st
+    return out
+
+
+def best_config(per_run: dict) -> str | None:
+    """argmax q / r_N among reached runs (equivalently argmin T/T0)."""
+    best, best_v = None, -math.inf
+    for name, x in per_run.items():
+        if not x.get("reached") or not _finite(x.get("q")) or not _finite(x.get("r_N")):
+            continue
+        if x["r_N"] <= 0:
+            continue
+        v = x["q"] / x["r_N"]
+        if v > best_v:
+            best, best_v = name, v
+    return best
+
+
+def critical_training_batch(points: Sequence[dict], tolerance: float = 0.1) -> float | None:
+    """Largest batch with r_N <= 1 + tolerance.
+
+    ``points``: {"batch", "r_N"} (e.g. seed means), already restricted to the reference's lr
+    rule; points with r_N None (target not reached) never qualify.
+    """
+    ok = [p["batch"] for p in points
+          if _finite(p.get("batch")) and _finite(p.get("r_N")) and p["r_N"] <= 1 + tolerance]
+    return float(max(ok)) if ok else None
+
+
+def invariance(run: Run, reference: Run, band: float | None = None, n_grid: int = 50) -> dict:
+    """Is ``run``'s learning curve J(N) within ``band`` of the reference's on a common grid?
+
+    Both curves are linearly interpolated on ``n_grid`` points over the overlap of their eval
+    ranges. ``within`` is mean |J - J0| <= band; the max deviation is reported too. Default
+    band: 5% of the reference curve's score range.
+    """
+    n, s = run.eval_curve()
+    n0, s0 = reference.eval_curve()
+    if n.size < 2 or n0.size < 2:
+        return {"within": None, "reason": "fewer than 2 eval points"}
+    lo, hi = max(n[0], n0[0]), min(n[-1], n0[-1])
+    if band is None:
+        band = 0.05 * float(np.ptp(s0)) if np.ptp(s0) > 0 else 0.0
+    if hi <= lo:
+        return {"within": None, "reason": "eval ranges do not overlap", "band": band}
+    grid = np.linspace(lo, hi, n_grid)
+    dev = np.interp(grid, n, s) - np.interp(grid, n0, s0)
+    mad = float(np.mean(np.abs(dev)))
+    return {"within": bool(mad <= band), "mean_abs_dev": mad,
+            "max_abs_dev": float(np.max(np.abs(dev))), "mean_dev": float(np.mean(dev)),
+            "band": float(band), "grid": [float(lo), float(hi)]}
+
+
+# ---------------------------------------------------------------------------------------------
+# ScaleRL sigmoid (Khatri et al. 2025): J(N) = R0 + (A - R0) / (1 + (N_mid / N)^B).
+# Written in log N, 1 / (1 + (N_mid/N)^B) = sigmoid(B (log N - log N_mid)): better conditioned.
+
+
+def sigmoid_curve(n: np.ndarray, r0: float, a: float, log_nmid: float, b: float) -> np.ndarray:
+    n = np.asarray(n, dtype=float)
+    with np.errstate(divide="ignore", over="ignore"):
+        z = b * (np.log(np.maximum(n, 1e-300)) - log_nmid)
+        frac = np.where(n > 0, 1.0 / (1.0 + np.exp(-z)), 0.0)
+    return r0 + (a - r0) * frac
+
+
+def sigmoid_n_star(r0: float, a: float, log_nmid: float, b: float, target: float) -> float | None:
+    """Inverse of the sigmoid: N with J(N) = target; None when target is outside (R0, A)."""
+    lo, hi = min(r0, a), max(r0, a)
+    if not (lo < target < hi) or b <= 0:
+        return None
+    ratio = (a - r0) / (target - r0) - 1.0
+    if ratio <= 0:
+        return None
+    return float(math.exp(log_nmid - math.log(ratio) / b))
+
+
+def _jac(n, p, eps=1e-6):
+    f0 = sigmoid_curve(n, *p)
+    cols = []
+    for i in range(len(p)):
+        dp = np.array(p, dtype=float)
+        h = eps * max(1.0, abs(dp[i]))
+        dp[i] += h
+        cols.append((sigmoid_curve(n, *dp) - f0) / h)
+    return np.stack(cols, axis=1)
+
+
+def _lm_fit(n, s, p0, lower, upper, iters=200):
+    """Small Levenberg-Marquardt with box clipping: used when scipy is absent."""
+    p = np.clip(np.array(p0, dtype=float), lower, upper)
+    lam = 1e-2
+    cost = float(np.sum((sigmoid_curve(n, *p) - s) ** 2))
+    for _ in range(iters):
+        r = sigmoid_curve(n, *p) - s
+        jm = _jac(n, p)
+        jtj = jm.T @ jm
+        g = jm.T @ r
+        step = np.linalg.solve(jtj + lam * np.diag(np.diag(jtj) + 1e-12), -g)
+        p_new = np.clip(p + step, lower, upper)
+        c_new = float(np.sum((sigmoid_curve(n, *p_new) - s) ** 2))
+        if c_new < cost:
+            done = cost - c_new < 1e-14 * max(cost, 1e-30)
+            p, cost, lam = p_new, c_new, lam / 3
+            if done:
+                break
+        else:
+            lam *= 4
+            if lam > 1e10:
+                break
+    jm = _jac(n, p)
+    dof = max(n.size - p.size, 1)
+    try:
+        cov = np.linalg.pinv(jm.T @ jm) * cost / dof
+    except np.linalg.LinAlgError:
+        cov = np.full((p.size, p.size), np.inf)
+    return p, cov
+
+
+def fit_sigmoid(responses: Sequence[float], scores: Sequence[float], target: float | None = None,
+                n_samples: int = 400, seed: int = 0, use_scipy: bool | None = None) -> dict | None:
+    """Fit J(N) = R0 + (A-R0)/(1+(N_mid/N)^B) to eval points.
+
+    Returns {"R0", "A", "N_mid", "B", "N_star", "N_star_std", "method", "rmse"}; N* is the
+    smooth crossing of ``target`` and its std comes from sampling the fit covariance.
+    None with fewer than 4 points.
+    """
+    n = np.asarray(responses, dtype=float)
+    s = np.asarray(scores, dtype=float)
+    keep = np.isfinite(n) & np.isfinite(s)
+    n, s = n[keep], s[keep]
+    if n.size < 4 or np.ptp(s) == 0:
+        return None
+    pos = n[n > 0]
+    lo_n, hi_n = np.log(pos.min()), np.log(n.max())
+    half = s.min() + 0.5 * np.ptp(s)
+    log_mid0 = float(np.log(n[np.argmax(s >= half)])) if np.any(s >= half) else hi_n
+    log_mid0 = float(np.clip(log_mid0, lo_n, hi_n))
+    span = max(np.ptp(s), 1e-6)
+    p0 = [float(s[0]) if n[0] == 0 else float(s.min()), float(s.max()), log_mid0, 1.5]
+    lower = np.array([s.min() - 2 * span, s.min() - span, lo_n - 5.0, 0.05])
+    upper = np.array([s.max() + span, s.max() + 4 * span, hi_n + 5.0, 20.0])
+    p0 = np.clip(p0, lower + 1e-9, upper - 1e-9)
+
+    if use_scipy is None:
+        try:
+            import scipy.optimize  # noqa: F401
+            use_scipy = True
+        except ImportError:
+            use_scipy = False
+    method = "numpy-lm"
+    p = cov = None
+    if use_scipy:
+        import scipy.optimize
+        try:
+            p, cov = scipy.optimize.curve_fit(sigmoid_curve, n, s, p0=p0, bounds=(lower, upper),
+                                              maxfev=20000)
+            method = "scipy"
+        except (RuntimeError, ValueError):
+            p = None
+    if p is None:
+        p, cov = _lm_fit(n, s, p0, lower, upper)
+    r0, a, log_nmid, b = (float(x) for x in p)
+    rmse = float(np.sqrt(np.mean((sigmoid_curve(n, *p) - s) ** 2)))
+    out = {"R0": r0, "A": a, "N_mid": float(math.exp(log_nmid)), "B": b, "rmse": rmse,
+           "method": method, "N_star": None, "N_star_std": None}
+    if target is not None:
+        out["N_star"] = sigmoid_n_star(r0, a, log_nmid, b, target)
+        if out["N_star"] is not None and cov is not None and np.all(np.isfinite(cov)):
+            rng = np.random.default_rng(seed)
+            try:
+                draws = rng.multivariate_normal(p, cov, size=n_samples, check_valid="ignore")
+            except (ValueError, np.linalg.LinAlgError):
+                draws = np.zeros((0, 4))
+            ns = [sigmoid_n_star(*d, target) for d in draws]
+            ns = np.array([x for x in ns if x is not None])
+            if ns.size >= n_samples // 4:
+                # Half the 16-84% range: robust to the heavy tail of N* near the asymptote.
+                lo16, hi84 = np.percentile(ns, [16, 84])
+                out["N_star_std"] = float(0.5 * (hi84 - lo16))
+                out["N_star_frac_defined"] = float(ns.size / n_samples)
+    return out
