@@ -75,7 +75,8 @@ def scaled_adam_hparams(base: AdamHParams, batch: int, base_batch: int,
     b1 = 1.0 - kappa * (1.0 - base.b1)
     b2 = 1.0 - kappa * (1.0 - base.b2)
     for name, old, new in (("b1", base.b1, b1), ("b2", base.b2, b2)):
-        if not new > 0.0:
+        if not new > 1e-12:  # tolerance: kappa = 1/(1-beta) lands on +2e-16, not 0
+
             raise ValueError(
                 f"malladi rule: {name}={old} scaled by kappa={kappa:g} (batch={batch}, "
                 f"base_batch={base_batch}) gives {name}={new:g} <= 0; the rule only holds for "

@@ -35,6 +35,12 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     qk_norm: bool = False
+    # Bias on the attention output projection (HF Llama/Qwen3 with attention_bias=True set
+    # both this and attention_bias; Qwen2 has q/k/v bias only).
+    o_bias: bool = False
+    # RoPE frequency scaling as sorted (key, value) pairs of HF's rope_parameters (a dict is
+    # accepted and converted); None = plain RoPE. Only rope_type "llama3" is implemented.
+    rope_scaling: tuple | None = None
     max_seq_len: int = 2048
     arch: str = "llama"
     # dtype policy: parameters stored in param_dtype, matmuls in dtype, logits always float32.
@@ -54,6 +60,15 @@ class ModelConfig:
                     f"num_kv_heads={self.num_kv_heads} (grouped-query attention).")
         if self.head_dim % 2:
             raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even for RoPE.")
+        if self.rope_scaling is not None:
+            rs = dict(self.rope_scaling)
+            object.__setattr__(self, "rope_scaling", tuple(sorted(rs.items())))
+            need = ("factor", "low_freq_factor", "high_freq_factor",
+                    "original_max_position_embeddings")
+            if rs.get("rope_type") != "llama3" or any(k not in rs for k in need):
+                raise ValueError(
+                        f"ModelConfig.rope_scaling={rs!r} is not supported; only None (plain "
+                        f"RoPE) or rope_type 'llama3' with keys {need} are implemented.")
 
     @property
     def jnp_dtype(self) -> Any:
@@ -72,6 +87,7 @@ class ModelConfig:
         per_layer = d * h * (n + 2 * k) + n * h * d + 3 * d * f + 2 * d
         per_layer += (n + 2 * k) * h if self.attention_bias else 0
         per_layer += 2 * h if self.qk_norm else 0
+        per_layer += d if self.o_bias else 0
         head = 0 if self.tie_word_embeddings else d * self.vocab_size
         return self.vocab_size * d + self.num_layers * per_layer + d + head
 

@@ -7,6 +7,7 @@ Params pytree (layers stacked on a leading L axis so sharding rules see one arra
   embed [V, D]; final_norm [D]; lm_head [D, V] (absent when tied);
   layers: attn_norm [L, D], wq [L, D, N, H], wk/wv [L, D, K, H], wo [L, N, H, D],
           (bq [L, N, H], bk/bv [L, K, H] when attention_bias), (q_norm/k_norm [L, H] when qk_norm),
+          (bo [L, D] when o_bias),
           mlp_norm [L, D], w_gate/w_up [L, D, F], w_down [L, F, D].
 
 Padding: every entry point takes `valid_BT` (True on real tokens). RoPE positions count only
@@ -16,6 +17,7 @@ token-for-token equal to unpadded HF generation.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.struct
@@ -31,8 +33,17 @@ _NEG_INF = -1e30  # finite: a fully masked (padding) query row must not produce 
 # ----------------------------------------------------------------------------- init
 
 def init_params(cfg: ModelConfig, seed: int | jax.Array = 0) -> Params:
-    """Random init: N(0, 0.02) matrices, unit norms, zero biases (HF's default init)."""
+    """Random init: N(0, 0.02) matrices, unit norms, zero biases (HF's default init).
+
+    Jitted as one program: eagerly, every random draw would compile on its own.
+    Traceable too, so `jax.eval_shape` / `jax.jit(..., out_shardings=...)` can wrap it.
+    """
     key = jax.random.PRNGKey(seed) if isinstance(seed, int) else seed
+    return _init_params_jit(cfg, key)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init_params_jit(cfg: ModelConfig, key: jax.Array) -> Params:
     shapes = param_shapes(cfg)
     keys = iter(jax.random.split(key, 32))
     dt = cfg.jnp_param_dtype
@@ -62,6 +73,8 @@ def param_shapes(cfg: ModelConfig) -> Params:
         layers.update(bq=(L, N, H), bk=(L, K, H), bv=(L, K, H))
     if cfg.qk_norm:
         layers.update(q_norm=(L, H), k_norm=(L, H))
+    if cfg.o_bias:
+        layers.update(bo=(L, D))
     shapes = {"embed": (V, D), "layers": layers, "final_norm": (D,)}
     if not cfg.tie_word_embeddings:
         shapes["lm_head"] = (D, V)
@@ -83,10 +96,27 @@ def rms_norm(x, weight, eps):
     return weight.astype(x.dtype) * x32.astype(x.dtype)
 
 
-def rope(x_BTnH, positions_BT, theta):
-    """Rotary embedding in HF's rotate-half layout: x*cos + rotate_half(x)*sin (Su et al. 2021)."""
-    H = x_BTnH.shape[-1]
+def rope_inv_freq(head_dim, theta, scaling=None):
+    """RoPE inverse frequencies [H/2], float32; `scaling` = ModelConfig.rope_scaling (llama3)."""
+    H = head_dim
     inv_freq = 1.0 / (theta ** (jnp.arange(0, H, 2, dtype=jnp.float32) / H))
+    if scaling is None:
+        return inv_freq
+    # Llama 3.1 frequency-dependent scaling, as HF's _compute_llama3_parameters.
+    s = dict(scaling)
+    factor, lo, hi = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_len = s["original_max_position_embeddings"]
+    wavelen = 2 * jnp.pi / inv_freq
+    scaled = jnp.where(wavelen > old_len / lo, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - lo) / (hi - lo)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old_len / hi) & ~(wavelen > old_len / lo)
+    return jnp.where(medium, smoothed, scaled).astype(jnp.float32)
+
+
+def rope(x_BTnH, positions_BT, theta, scaling=None):
+    """Rotary embedding in HF's rotate-half layout: x*cos + rotate_half(x)*sin (Su et al. 2021)."""
+    inv_freq = rope_inv_freq(x_BTnH.shape[-1], theta, scaling)
     freqs_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq
     emb_BTH = jnp.concatenate([freqs_BTh, freqs_BTh], axis=-1)[:, :, None, :]
     cos, sin = jnp.cos(emb_BTH), jnp.sin(emb_BTH)
@@ -118,7 +148,8 @@ def _qkv(cfg, lp, x_BTD, positions_BT):
     if cfg.qk_norm:  # Qwen3: per-head RMSNorm before RoPE
         q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
-    return rope(q, positions_BT, cfg.rope_theta), rope(k, positions_BT, cfg.rope_theta), v
+    return (rope(q, positions_BT, cfg.rope_theta, cfg.rope_scaling),
+            rope(k, positions_BT, cfg.rope_theta, cfg.rope_scaling), v)
 
 
 def _mlp(cfg, lp, x_BTD):
@@ -133,7 +164,10 @@ def _layer(cfg, lp, x_BTD, positions_BT, attend):
     h = rms_norm(x_BTD, lp["attn_norm"], cfg.rms_norm_eps)
     q, k, v = _qkv(cfg, lp, h, positions_BT)
     attn_BTNH = attend(q, k, v)
-    x_BTD = x_BTD + jnp.einsum("btnh,nhd->btd", attn_BTNH, lp["wo"].astype(cfg.jnp_dtype))
+    out_BTD = jnp.einsum("btnh,nhd->btd", attn_BTNH, lp["wo"].astype(cfg.jnp_dtype))
+    if cfg.o_bias:
+        out_BTD = out_BTD + lp["bo"].astype(cfg.jnp_dtype)
+    x_BTD = x_BTD + out_BTD
     return x_BTD + _mlp(cfg, lp, rms_norm(x_BTD, lp["mlp_norm"], cfg.rms_norm_eps))
 
 

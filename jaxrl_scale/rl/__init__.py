@@ -1,0 +1,51 @@
+"""RL core: advantages and losses (`rl.losses`), train state (`rl.state`), the critic's value
+head (`rl.value`) and the sharded, micro-batched GRPO / PPO update steps (`rl.steps`)."""
+from jaxrl_scale.rl.losses import (  # noqa: F401
+    ADVANTAGE_ESTIMATORS,
+    AGG_MODES,
+    KL_KINDS,
+    aggregate,
+    entropy_from_logits,
+    gae,
+    group_advantages,
+    kl_penalty,
+    masked_whiten,
+    policy_loss,
+    token_logprobs,
+    value_loss,
+)
+from jaxrl_scale.rl.state import (  # noqa: F401
+    TrainState,
+    create_train_state,
+    init_train_state,
+    shard_train_state,
+    state_shardings,
+)
+from jaxrl_scale.rl.steps import (  # noqa: F401
+    GRPOBatch,
+    LossConfig,
+    PPOBatch,
+    final_token_rewards,
+    grpo_grads,
+    grpo_step,
+    make_train_step,
+    policy_grads,
+    ppo_advantages,
+    ppo_step,
+    rollout_arrays,
+    score_tokens,
+    token_weights,
+)
+from jaxrl_scale.rl.value import critic_values, init_critic_from_actor, init_value_head  # noqa: F401
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS", "AGG_MODES", "KL_KINDS",
+    "group_advantages", "gae", "masked_whiten", "aggregate", "kl_penalty", "policy_loss",
+    "value_loss", "entropy_from_logits", "token_logprobs",
+    "TrainState", "create_train_state", "init_train_state", "shard_train_state",
+    "state_shardings",
+    "LossConfig", "GRPOBatch", "PPOBatch", "rollout_arrays", "token_weights", "policy_grads",
+    "grpo_grads", "grpo_step", "score_tokens", "final_token_rewards", "ppo_advantages",
+    "ppo_step", "make_train_step",
+    "critic_values", "init_critic_from_actor", "init_value_head",
+]

@@ -1,0 +1,56 @@
+"""Scaling analysis: time-to-target, throughput model, gradient noise scale (numpy only).
+
+Reads ``metrics.jsonl`` / ``config.json`` run directories (or CSVs from other frameworks) and
+computes N*, q, r_N, r_q, T/T0 (SCIENCE.md section 1), the two critical batches (section 4)
+and the McCandlish noise scale (section 5).
+"""
+
+from jaxrl_scale.scaling.analysis import (
+    AnalysisError,
+    analyze_runs,
+    analyze_sweep,
+    default_reference,
+    resolve_reference,
+    to_jsonable,
+    write_summary,
+)
+from jaxrl_scale.scaling.io import (
+    Run,
+    Sweep,
+    group_runs,
+    make_run,
+    parse_columns,
+    read_csv_run,
+    read_run,
+    read_sweep,
+    strip_seed,
+)
+from jaxrl_scale.scaling.noise import (
+    NoiseScaleEMA,
+    b_simple,
+    flattening_batch,
+    loglog_slope,
+    noise_scale_from_records,
+    noise_scale_from_run,
+    predicted_r_n,
+    two_batch_estimates,
+)
+from jaxrl_scale.scaling.throughput import (
+    critical_generation_batch,
+    fit_linear_time,
+    step_costs,
+    throughput_gains,
+)
+from jaxrl_scale.scaling.time_to_target import (
+    best_config,
+    compare,
+    critical_training_batch,
+    fit_sigmoid,
+    invariance,
+    n_star,
+    seed_stats,
+    sigmoid_curve,
+    throughput,
+    time_at,
+    time_ratio,
+)

@@ -189,7 +189,8 @@ def make_run(name: str, records: Iterable[dict], config: dict | None = None,
         bg = float(np.median(bgs)) if bgs else None
     run.batch_gen = float(bg) if _is_num(bg) else None
 
-    cname = config_get(config, "name")
+    # Top level only: a nested "name" is usually the model's or the dataset's.
+    cname = config.get("name") or config.get("run_name")
     cname = cname if isinstance(cname, str) and cname else name
     rule = config_get(config, "lr_rule", "lr_scaling", "lr_scale_rule")
     run.lr_rule = rule.lower() if isinstance(rule, str) else lr_rule_from_name(cname)

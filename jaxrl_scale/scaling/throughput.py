@@ -97,8 +97,8 @@ def per_step(run: Run, key: str) -> float | None:
 
 def counter_per_step(run: Run, key: str) -> float | None:
     """Median increase per update of a cumulative counter (e.g. ``responses_generated``)."""
-    rows = sorted((r["step"], r[key]) for r in run.train
-                  if isinstance(r.get("step"), (int, float)) and isinstance(r.get(key), (int, float)))
+    num = lambda x: isinstance(x, (int, float))
+    rows = sorted((r["step"], r[key]) for r in run.train if num(r.get("step")) and num(r.get(key)))
     if len(rows) < 2:
         return None
     s, v = np.array(rows, dtype=float).T

@@ -1,0 +1,60 @@
+r"""Analyse a sweep: N*, q, r_N, r_q, T/T0 per run, summary.json and a report with figures.
+
+    python experiments/analyze.py --sweep_dir=DIR --target=0.6 [--reference=RUN_OR_CONFIG]
+    python experiments/analyze.py --csv=run.csv \
+        --columns=step:global_step,responses:samples,time_s:wall,score:val_acc --target=0.6
+
+Writes OUT/summary.json ({"reference", "target", "runs": {...}, "best", ...}) and
+OUT/report.md + PNGs; prints the table. Needs no JAX.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags
+
+from jaxrl_scale.experiment.report import analyze_and_report, facts, format_table
+from jaxrl_scale.scaling.analysis import AnalysisError
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("sweep_dir", None, "Directory whose subdirectories are runs "
+                    "(config.json + metrics.jsonl).")
+flags.DEFINE_string("target", None, "Validation score target J*.")
+flags.DEFINE_string("reference", None, "Reference run or config name (default: smallest batch "
+                    "with lr rule sqrt, else smallest batch).")
+flags.DEFINE_float("tolerance", 0.1, "Critical training batch: largest B with r_N <= 1 + tol.")
+flags.DEFINE_bool("fit_sigmoid", False, "Also fit the ScaleRL sigmoid J(N) per run.")
+flags.DEFINE_multi_string("csv", [], "CSV of an external run (repeatable); joins the sweep.")
+flags.DEFINE_string("columns", None, "CSV column map ours:theirs,... e.g. "
+                    "step:global_step,responses:samples,time_s:wall,score:val_acc")
+flags.DEFINE_string("out", None, "Output directory (default: sweep_dir).")
+
+
+def main(argv):
+    del argv
+    if FLAGS.target is None:
+        raise app.UsageError("--target is required (the validation score J*)")
+    if FLAGS.sweep_dir is None and not FLAGS.csv:
+        raise app.UsageError("give --sweep_dir or --csv")
+    try:
+        summary = analyze_and_report(FLAGS.sweep_dir, FLAGS.target, FLAGS.reference,
+                                     FLAGS.tolerance, FLAGS.fit_sigmoid, csv=FLAGS.csv,
+                                     columns=FLAGS.columns, out=FLAGS.out)
+    except (AnalysisError, FileNotFoundError, ValueError) as e:
+        print(f"analyze.py: error: {e}", file=sys.stderr)
+        return 1
+    print(format_table(summary))
+    print()
+    for s in facts(summary):
+        print(f"- {s}")
+    for w in summary["warnings"]:
+        print(f"warning: {w}", file=sys.stderr)
+    for s in summary["skipped"]:
+        print(f"skipped: {s['dir']}: {s['reason']}", file=sys.stderr)
+    print(f"\nwrote {summary['summary_path']} and {summary['report_path']}")
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,79 @@
+"""Timing helpers shared by the benchmarks: median wall time, matmul peak, copy bandwidth,
+and the FLOP / byte counts of a decoder step (for roofline fractions).
+
+Everything here measures in the calling process, so a benchmark compares itself against the
+peak of the same machine, under the same load, in the same run.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_scale.models.config import ModelConfig
+
+
+def block(x: Any) -> Any:
+    """Wait for every array in a pytree (host-side values pass through)."""
+    return jax.block_until_ready(x)
+
+
+def time_calls(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1) -> list[float]:
+    """Wall seconds of `repeats` calls of fn() after `warmup` untimed calls (compilation)."""
+    for _ in range(warmup):
+        block(fn())
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        block(fn())
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def median_time(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1) -> float:
+    """Median wall seconds of fn() (blocked until ready), warm-up calls excluded."""
+    return statistics.median(time_calls(fn, repeats, warmup))
+
+
+def matmul_peak(n: int = 2048, dtype: str = "float32", repeats: int = 5) -> dict:
+    """Achieved FLOP/s of a jitted n x n x n matmul: the practical compute peak."""
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32).astype(dtype)
+    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32).astype(dtype)
+    mm = jax.jit(lambda x, y: x @ y)
+    t = median_time(lambda: mm(a, b), repeats=repeats, warmup=2)
+    return {"n": n, "dtype": str(dtype), "seconds": t, "flops_per_s": 2.0 * n ** 3 / t}
+
+
+def copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> dict:
+    """Achieved memory bandwidth (bytes read + written per second) of a jitted array copy."""
+    n = nbytes // 4
+    x = jnp.arange(n, dtype=jnp.float32)
+    cp = jax.jit(lambda v: v + 1.0)  # forces a real read + write (a bare copy may be elided)
+    t = median_time(lambda: cp(x), repeats=repeats, warmup=2)
+    return {"bytes": 4 * n, "seconds": t, "bytes_per_s": 2.0 * 4 * n / t}
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+    """Parameters used as matmul weights per token: all but the embedding lookup table
+    (a tied table is counted once, as the LM head)."""
+    return cfg.num_params() - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
+
+
+def decode_step_flops(cfg: ModelConfig, batch: int, context: float) -> float:
+    """FLOPs of one decode step: 2 * matmul params * B + attention (QK^T and PV) over
+    `context` keys per row."""
+    attn = 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context
+    return batch * (2.0 * matmul_params(cfg) + attn)
+
+
+def decode_step_bytes(cfg: ModelConfig, batch: int, context: float) -> float:
+    """Bytes a decode step must read: the matmul weights once + K and V of `context` slots
+    per row (in the compute dtype)."""
+    w = matmul_params(cfg) * np.dtype(cfg.param_dtype).itemsize
+    kv = 2.0 * cfg.num_layers * batch * context * cfg.num_kv_heads * cfg.head_dim \
+        * np.dtype(cfg.dtype).itemsize
+    return w + kv

@@ -1,0 +1,449 @@
+"""Hugging Face checkpoint I/O: config.json <-> ModelConfig, safetensors <-> params pytree.
+
+Supported families (decoder-only, SwiGLU, RMSNorm, full causal attention):
+  qwen2  (Qwen2ForCausalLM): q/k/v bias, no o bias.
+  qwen3  (Qwen3ForCausalLM): per-head q/k RMSNorm, explicit head_dim, optional attention_bias.
+  llama  (LlamaForCausalLM): optional attention_bias (q/k/v/o), RoPE plain or "llama3" scaling.
+
+HF stores torch Linear weights as [out, in]; our layout (decoder.py) stores [in, ...out]:
+  wq [D, N, H] = q_proj.weight.T.reshape(D, N, H);  wo [N, H, D] = o_proj.weight.T.reshape(N, H, D)
+  w_gate/w_up [D, F] = weight.T;  w_down [F, D] = down_proj.weight.T;  lm_head [D, V] = weight.T
+
+Every check (architecture, tensor names, shapes) runs on config.json and the safetensors
+headers before any tensor data is read.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Iterator
+
+import jax.numpy as jnp
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from jaxrl_scale.models.config import ModelConfig
+from jaxrl_scale.models.decoder import Params, param_shapes
+
+__all__ = ["load_hf", "save_hf", "config_from_hf", "config_to_hf"]
+
+_ARCH_OF_CLASS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+                  "Qwen3ForCausalLM": "qwen3"}
+_CLASS_OF_ARCH = {v: k for k, v in _ARCH_OF_CLASS.items()}
+_SUPPORTED = tuple(sorted(_CLASS_OF_ARCH))
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class CheckpointNotFoundError(ValueError, FileNotFoundError):
+    """A checkpoint directory or file is missing (a ValueError and a FileNotFoundError)."""
+
+
+# ----------------------------------------------------------------------------- config
+
+def _rope_from_hf(d: dict) -> tuple[float, tuple | None]:
+    """(rope_theta, ModelConfig.rope_scaling) from either transformers-5 `rope_parameters` or
+    transformers-4 `rope_theta` + `rope_scaling`."""
+    rp = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    if not isinstance(rp, dict):
+        raise ValueError(f"config.json rope_parameters/rope_scaling={rp!r} must be a dict or null.")
+    if rp and all(isinstance(v, dict) or v is None for v in rp.values()):
+        # nested per layer type, e.g. {"full_attention": {...}}: fine if they all agree
+        subs = [v for v in rp.values() if v is not None]
+        if any(s != subs[0] for s in subs):
+            raise ValueError(f"config.json rope_parameters={rp!r}: different RoPE per layer type "
+                             "is not supported; all layers must share one RoPE.")
+        rp = subs[0] if subs else {}
+    theta = float(rp.get("rope_theta", d.get("rope_theta", 10000.0)) or 10000.0)
+    partial = rp.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):
+        raise ValueError(f"config.json partial_rotary_factor={partial} is not supported; "
+                         "only full rotary embeddings (1.0).")
+    rope_type = rp.get("rope_type", rp.get("type", "default")) or "default"
+    if rope_type == "default":
+        return theta, None
+    if rope_type == "llama3":
+        scaling = {"rope_type": "llama3"}
+        for k in _LLAMA3_KEYS:
+            v = rp.get(k)
+            if v is None and k == "original_max_position_embeddings":
+                v = d.get("original_max_position_embeddings", d.get("max_position_embeddings"))
+            if v is None:
+                raise ValueError(f"config.json rope_parameters: rope_type 'llama3' needs {k!r}.")
+            scaling[k] = float(v) if k != "original_max_position_embeddings" else int(v)
+        return theta, tuple(sorted(scaling.items()))
+    raise ValueError(f"config.json rope_type={rope_type!r} (rope_parameters/rope_scaling) is not "
+                     "supported; supported: 'default' (no scaling) and 'llama3'.")
+
+
+def config_from_hf(hf_config: dict | Any, *, dtype: Any = None) -> ModelConfig:
+    """ModelConfig from an HF config (the config.json dict, a transformers config, or a path
+    to config.json or its directory). Parameters and compute use `dtype` (default float32)."""
+    d = hf_config
+    if isinstance(d, (str, os.PathLike)):
+        d = _read_config_json(d)
+    elif hasattr(d, "to_dict"):
+        d = d.to_dict()
+    if not isinstance(d, dict):
+        raise ValueError(f"config_from_hf expects a config.json dict, got {type(hf_config)}.")
+    d = dict(d)
+    arch = d.get("model_type")
+    if arch is None:
+        classes = d.get("architectures") or []
+        arch = next((_ARCH_OF_CLASS[c] for c in classes if c in _ARCH_OF_CLASS), None)
+        if arch is None:
+            raise ValueError(f"config.json has no model_type and architectures={classes!r} names "
+                             f"no supported class; supported: {sorted(_ARCH_OF_CLASS)}.")
+    if arch not in _SUPPORTED:
+        raise ValueError(f"config.json model_type={arch!r} is not supported; supported model_type: "
+                         f"{list(_SUPPORTED)}.")
+    classes = d.get("architectures") or []
+    if classes and not any(c in _ARCH_OF_CLASS for c in classes):
+        raise ValueError(f"config.json architectures={classes!r} is not supported; supported: "
+                         f"{sorted(_ARCH_OF_CLASS)} (causal LM heads only).")
+
+    missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers",
+                           "num_attention_heads", "intermediate_size") if d.get(k) is None]
+    if missing:
+        raise ValueError(f"config.json is missing required field(s) {missing}.")
+    act = d.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise ValueError(f"config.json hidden_act={act!r} is not supported; only 'silu' (SwiGLU).")
+    if d.get("mlp_bias"):
+        raise ValueError("config.json mlp_bias=true is not supported; only bias-free MLPs.")
+    if d.get("use_sliding_window"):
+        raise ValueError("config.json use_sliding_window=true is not supported; only full "
+                         "causal attention.")
+    layer_types = d.get("layer_types") or []
+    if any(t != "full_attention" for t in layer_types):
+        raise ValueError(f"config.json layer_types={sorted(set(layer_types))} is not supported; "
+                         "only 'full_attention'.")
+    heads = int(d["num_attention_heads"])
+    hidden = int(d["hidden_size"])
+    head_dim = d.get("head_dim") or hidden // heads
+    theta, scaling = _rope_from_hf(d)
+    if arch == "qwen2":
+        attention_bias, o_bias, qk_norm = True, False, False
+    else:
+        attention_bias = o_bias = bool(d.get("attention_bias", False))
+        qk_norm = arch == "qwen3"
+    dt = jnp.dtype(dtype).name if dtype is not None else "float32"
+    default_len = {"llama": 2048, "qwen2": 32768, "qwen3": 32768}[arch]
+    return ModelConfig(
+        vocab_size=int(d["vocab_size"]), hidden_size=hidden,
+        num_layers=int(d["num_hidden_layers"]), num_heads=heads,
+        num_kv_heads=int(d.get("num_key_value_heads") or heads), head_dim=int(head_dim),
+        intermediate_size=int(d["intermediate_size"]), rope_theta=theta, rope_scaling=scaling,
+        rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+        attention_bias=attention_bias, o_bias=o_bias, qk_norm=qk_norm,
+        max_seq_len=int(d.get("max_position_embeddings") or default_len), arch=arch,
+        param_dtype=dt, dtype=dt)
+
+
+def _hf_arch(cfg: ModelConfig) -> str:
+    """The HF family that represents cfg's flags exactly (arch is only a hint)."""
+    if cfg.qk_norm:
+        if cfg.attention_bias != cfg.o_bias:
+            raise ValueError("Qwen3 (qk_norm) needs attention_bias == o_bias to be saved for HF.")
+        return "qwen3"
+    if cfg.attention_bias and not cfg.o_bias:
+        return "qwen2"
+    if cfg.o_bias and not cfg.attention_bias:
+        raise ValueError("o_bias without attention_bias has no HF equivalent.")
+    return "llama"
+
+
+def config_to_hf(cfg: ModelConfig) -> dict:
+    """config.json dict that transformers (4.x and 5.x) reads as the same model."""
+    arch = _hf_arch(cfg)
+    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    if cfg.rope_scaling is not None:
+        rope.update(dict(cfg.rope_scaling))
+    d = {
+        "architectures": [_CLASS_OF_ARCH[arch]],
+        "model_type": arch,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_seq_len,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_parameters": rope,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "torch_dtype": cfg.param_dtype,
+        "dtype": cfg.param_dtype,
+    }
+    if arch == "qwen2":
+        d.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.num_layers)
+    elif arch == "qwen3":
+        d.update(attention_bias=cfg.attention_bias, use_sliding_window=False,
+                 sliding_window=None, max_window_layers=cfg.num_layers)
+    else:
+        d.update(attention_bias=cfg.attention_bias, mlp_bias=False)
+    return d
+
+
+# ----------------------------------------------------------------------------- name mapping
+
+def _ident(a):
+    return a
+
+
+def _spec(cfg: ModelConfig) -> list[tuple[tuple[str, ...], str | Callable[[int], str],
+                                           tuple[int, ...], Callable, Callable]]:
+    """(our path, HF name or name(layer), HF shape, hf->ours, ours->hf) for every tensor."""
+    D, V, F = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
+    N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+
+    def lin_in(*out):  # torch [out, in] -> ours [in, *out]
+        return (lambda a: a.T.reshape(a.shape[1], *out),
+                lambda a: a.reshape(a.shape[0], -1).T)
+
+    def lin_out(*inn):  # torch [out, in] -> ours [*in, out]  (o_proj)
+        return (lambda a: a.T.reshape(*inn, a.shape[0]),
+                lambda a: a.reshape(-1, a.shape[-1]).T)
+
+    def vec(*shape):
+        return (lambda a: a.reshape(shape), lambda a: a.reshape(-1))
+
+    att = "model.layers.{}.self_attn."
+    mlp = "model.layers.{}.mlp."
+    layer = [
+        ("attn_norm", "model.layers.{}.input_layernorm.weight", (D,), (_ident, _ident)),
+        ("wq", att + "q_proj.weight", (N * H, D), lin_in(N, H)),
+        ("wk", att + "k_proj.weight", (K * H, D), lin_in(K, H)),
+        ("wv", att + "v_proj.weight", (K * H, D), lin_in(K, H)),
+        ("wo", att + "o_proj.weight", (D, N * H), lin_out(N, H)),
+        ("mlp_norm", "model.layers.{}.post_attention_layernorm.weight", (D,), (_ident, _ident)),
+        ("w_gate", mlp + "gate_proj.weight", (F, D), (np.transpose, np.transpose)),
+        ("w_up", mlp + "up_proj.weight", (F, D), (np.transpose, np.transpose)),
+        ("w_down", mlp + "down_proj.weight", (D, F), (np.transpose, np.transpose)),
+    ]
+    if cfg.attention_bias:
+        layer += [("bq", att + "q_proj.bias", (N * H,), vec(N, H)),
+                  ("bk", att + "k_proj.bias", (K * H,), vec(K, H)),
+                  ("bv", att + "v_proj.bias", (K * H,), vec(K, H))]
+    if cfg.o_bias:
+        layer += [("bo", att + "o_proj.bias", (D,), (_ident, _ident))]
+    if cfg.qk_norm:
+        layer += [("q_norm", att + "q_norm.weight", (H,), (_ident, _ident)),
+                  ("k_norm", att + "k_norm.weight", (H,), (_ident, _ident))]
+    spec = [(("embed",), "model.embed_tokens.weight", (V, D), _ident, _ident)]
+    spec += [(("layers", k), n, s, f, b) for k, n, s, (f, b) in layer]
+    spec.append((("final_norm",), "model.norm.weight", (D,), _ident, _ident))
+    if not cfg.tie_word_embeddings:
+        spec.append((("lm_head",), "lm_head.weight", (V, D), np.transpose, np.transpose))
+    return spec
+
+
+def _names(cfg, name):
+    return [name.format(i) for i in range(cfg.num_layers)] if "{}" in name else [name]
+
+
+# ----------------------------------------------------------------------------- load
+
+def _read_config_json(path) -> dict:
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    if not os.path.isfile(path):
+        raise CheckpointNotFoundError(f"HF config not found: {path} does not exist.")
+    with open(path) as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from None
+
+
+def _weight_map(path: str) -> dict[str, str]:
+    """tensor name -> safetensors file (absolute path)."""
+    index = os.path.join(path, INDEX_FILE)
+    single = os.path.join(path, SINGLE_FILE)
+    if os.path.isfile(index):
+        with open(index) as f:
+            wm = json.load(f).get("weight_map")
+        if not isinstance(wm, dict):
+            raise ValueError(f"{index} has no 'weight_map' dict.")
+        for fname in sorted(set(wm.values())):
+            if not os.path.isfile(os.path.join(path, fname)):
+                raise CheckpointNotFoundError(
+                        f"shard {fname!r} listed in {index} does not exist.")
+        return {k: os.path.join(path, v) for k, v in wm.items()}
+    if os.path.isfile(single):
+        with safe_open(single, framework="np") as f:
+            return {k: single for k in f.keys()}
+    raise CheckpointNotFoundError(
+            f"no weights in {path}: expected {SINGLE_FILE} or {INDEX_FILE} (only safetensors "
+            "checkpoints are supported).")
+
+
+def _header_shapes(weight_map: dict[str, str]) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    by_file: dict[str, list[str]] = {}
+    for name, fname in weight_map.items():
+        by_file.setdefault(fname, []).append(name)
+    for fname, names in by_file.items():
+        with safe_open(fname, framework="np") as f:
+            keys = set(f.keys())
+            for name in names:
+                if name not in keys:
+                    raise ValueError(f"tensor {name!r} is listed in the index for "
+                                     f"{os.path.basename(fname)} but that file does not hold it.")
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
+def load_hf(path, *, dtype: Any = None) -> tuple[ModelConfig, Params]:
+    """Load an HF checkpoint directory -> (ModelConfig, params).
+
+    Reads config.json and model.safetensors or a sharded model.safetensors.index.json. `dtype`
+    (default float32) is the param and compute dtype. Raises ValueError naming the problem
+    (unsupported architecture, missing / unexpected tensor, wrong shape, missing file) before
+    reading any tensor data.
+    """
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise CheckpointNotFoundError(f"HF checkpoint directory {path} does not exist.")
+    cfg = config_from_hf(_read_config_json(path), dtype=dtype)
+    weight_map = _weight_map(path)
+    shapes = _header_shapes(weight_map)
+    spec = _spec(cfg)
+
+    expected = set()
+    for _, name, shape, _, _ in spec:
+        for n in _names(cfg, name):
+            expected.add(n)
+            if n not in shapes:
+                where = (os.path.join(path, INDEX_FILE) if os.path.isfile(
+                    os.path.join(path, INDEX_FILE)) else os.path.join(path, SINGLE_FILE))
+                raise ValueError(f"tensor {n!r} is missing from {where} (needed by "
+                                 f"model_type={cfg.arch!r}).")
+            if shapes[n] != shape:
+                raise ValueError(f"tensor {n!r} in {os.path.basename(weight_map[n])} has shape "
+                                 f"{list(shapes[n])}, expected {list(shape)} from config.json.")
+    allowed = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
+    extra = sorted(n for n in shapes if n not in expected and n not in allowed
+                   and not n.endswith("rotary_emb.inv_freq"))
+    if extra:
+        more = f" (+{len(extra) - 5} more)" if len(extra) > 5 else ""
+        raise ValueError(f"unexpected tensors in {path} for model_type={cfg.arch!r}: "
+                         f"{extra[:5]}{more}; is config.json right for these weights?")
+
+    np_dt = np.dtype(jnp.dtype(cfg.param_dtype))
+    handles: dict[str, Any] = {}
+
+    def get(name):
+        fname = weight_map[name]
+        if fname not in handles:
+            handles[fname] = safe_open(fname, framework="np")
+        return handles[fname].get_tensor(name)
+
+    ours = param_shapes(cfg)
+    params: Params = {"layers": {}}
+    try:
+        for key, name, _, to_ours, _ in spec:
+            target = ours[key[0]] if len(key) == 1 else ours["layers"][key[1]]
+            if "{}" in name:  # stacked over layers, filled one layer at a time
+                out = np.empty(target, np_dt)
+                for i in range(cfg.num_layers):
+                    out[i] = to_ours(get(name.format(i))).astype(np_dt, copy=False)
+            else:
+                out = np.ascontiguousarray(to_ours(get(name)).astype(np_dt, copy=False))
+            assert out.shape == tuple(target), (key, out.shape, target)
+            arr = jnp.asarray(out)
+            del out
+            if len(key) == 1:
+                params[key[0]] = arr
+            else:
+                params["layers"][key[1]] = arr
+    finally:
+        for h in handles.values():
+            try:
+                h.__exit__(None, None, None)
+            except Exception:  # pragma: no cover - older safetensors handles need no closing
+                pass
+    return cfg, params
+
+
+# ----------------------------------------------------------------------------- save
+
+def _hf_tensors(cfg: ModelConfig, params: Params) -> Iterator[tuple[str, tuple, Callable]]:
+    """(HF name, HF shape, thunk producing the numpy tensor) in a stable order."""
+    for key, name, shape, _, to_hf in _spec(cfg):
+        arr = params[key[0]] if len(key) == 1 else params["layers"][key[1]]
+        if "{}" in name:
+            for i in range(cfg.num_layers):
+                yield (name.format(i), shape,
+                       lambda arr=arr, i=i, to_hf=to_hf: to_hf(np.asarray(arr[i])))
+        else:
+            yield name, shape, lambda arr=arr, to_hf=to_hf: to_hf(np.asarray(arr))
+
+
+def save_hf(path, cfg: ModelConfig, params: Params, *, max_shard_bytes: int | None = None,
+            extra_config: dict | None = None) -> None:
+    """Write an HF checkpoint directory (config.json + safetensors) that
+    `transformers.AutoModelForCausalLM.from_pretrained(path)` and `load_hf` read back.
+
+    Tensors are stored in the dtype of the params. With `max_shard_bytes`, weights are split
+    into model-0000i-of-0000n.safetensors files plus model.safetensors.index.json.
+    `extra_config` entries (e.g. bos_token_id, eos_token_id) are added to config.json.
+    """
+    path = os.fspath(path)
+    shapes = param_shapes(cfg)
+    for key, want in [(("embed",), shapes["embed"]), (("final_norm",), shapes["final_norm"])] + [
+            (("layers", k), v) for k, v in shapes["layers"].items()] + (
+            [(("lm_head",), shapes["lm_head"])] if "lm_head" in shapes else []):
+        node = params.get(key[0]) if len(key) == 1 else params.get("layers", {}).get(key[1])
+        if node is None:
+            raise ValueError(f"params is missing {'/'.join(key)} needed by the ModelConfig.")
+        if tuple(node.shape) != tuple(want):
+            raise ValueError(f"params {'/'.join(key)} has shape {tuple(node.shape)}, expected "
+                             f"{tuple(want)} from the ModelConfig.")
+    os.makedirs(path, exist_ok=True)
+    dt = jnp.dtype(params["embed"].dtype)
+    hf_cfg = config_to_hf(cfg)
+    hf_cfg["torch_dtype"] = hf_cfg["dtype"] = dt.name
+    hf_cfg.update(extra_config or {})
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(hf_cfg, f, indent=2, sort_keys=True)
+
+    tensors = list(_hf_tensors(cfg, params))
+    itemsize = np.dtype(dt).itemsize
+    shards: list[list] = [[]]
+    size = 0
+    for t in tensors:
+        nbytes = int(np.prod(t[1])) * itemsize
+        if max_shard_bytes and shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(t)
+        size += nbytes
+    meta = {"format": "pt"}
+    for stale in os.listdir(path):  # an older save could leave conflicting weight files
+        if (stale.startswith("model") and stale.endswith(".safetensors")) or stale == INDEX_FILE:
+            os.remove(os.path.join(path, stale))
+    if len(shards) == 1:
+        save_file({n: np.ascontiguousarray(make()) for n, _, make in shards[0]},
+                  os.path.join(path, SINGLE_FILE), metadata=meta)
+        return
+    weight_map = {}
+    for j, shard in enumerate(shards):
+        fname = f"model-{j + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file({n: np.ascontiguousarray(make()) for n, _, make in shard},
+                  os.path.join(path, fname), metadata=meta)
+        weight_map.update({n: fname for n, _, _ in shard})
+    total = sum(int(np.prod(s)) * itemsize for _, s, _ in tensors)
+    with open(os.path.join(path, INDEX_FILE), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)

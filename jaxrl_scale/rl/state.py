@@ -1,0 +1,69 @@
+"""Train state: one pytree per trained network (GRPO: the policy; PPO: an actor and a critic).
+
+The optax GradientTransformation is kept outside the state (passed to the step as a static
+argument) so the state is a plain array pytree that jit can shard and donate.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxrl_scale import sharding as shd
+
+
+@flax.struct.dataclass
+class TrainState:
+    params: Any
+    opt_state: Any
+    step: jax.Array    # int32: optimizer updates attempted (skipped non-finite ones included)
+    rng: jax.Array     # uint32 [2] PRNG key, split once per step
+
+
+def _key(seed_or_key) -> jax.Array:
+    if isinstance(seed_or_key, int):
+        return jax.random.PRNGKey(seed_or_key)
+    return jnp.asarray(seed_or_key)
+
+
+def create_train_state(params: Any, tx: optax.GradientTransformation,
+                       seed_or_key: int | jax.Array = 0) -> TrainState:
+    """TrainState for existing params (they stay where they are; see `init_train_state`)."""
+    return TrainState(params=params, opt_state=tx.init(params),
+                      step=jnp.zeros([], jnp.int32), rng=_key(seed_or_key))
+
+
+def state_shardings(mesh, state_or_shapes: Any) -> Any:
+    """NamedShardings for a TrainState: params and Adam moments by the rule table, the rest
+    replicated (see `jaxrl_scale.sharding.tree_shardings`)."""
+    return shd.tree_shardings(mesh, state_or_shapes)
+
+
+def init_train_state(init_fn: Callable[..., Any], tx: optax.GradientTransformation, *args,
+                     mesh=None, seed_or_key: int | jax.Array = 0) -> TrainState:
+    """Create params = init_fn(*args) and the optimizer state, born sharded on `mesh`.
+
+    eval_shape -> shardings from the rule table -> jit(out_shardings=...): no device ever holds
+    an unsharded copy. Without a mesh this is a plain jitted init on the default device.
+    """
+    key = _key(seed_or_key)
+
+    def make(key, *args):
+        return create_train_state(init_fn(*args), tx, key)
+
+    if mesh is None:
+        return jax.jit(make)(key, *args)
+    shapes = jax.eval_shape(make, key, *args)
+    return jax.jit(make, out_shardings=state_shardings(mesh, shapes))(key, *args)
+
+
+def shard_train_state(mesh, state: TrainState) -> TrainState:
+    """Move an existing state onto `mesh` by the rule table."""
+    return jax.device_put(state, state_shardings(mesh, state))
+
+
+__all__ = ["TrainState", "create_train_state", "init_train_state", "state_shardings",
+           "shard_train_state"]

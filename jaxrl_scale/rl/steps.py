@@ -1,0 +1,547 @@
+"""GRPO and PPO update steps: micro-batched, batch-size-invariant, sharded by jit.
+
+Shapes: B rows (responses), T time, S = T - 1 actions, V vocab, M micro-batches,
+U optimizer updates in one call (num_minibatches * epochs).
+
+Alignment. Every [B, T] batch field is aligned with `tokens_BT` (prompt left-padded, then the
+response, right-padded): loss_mask_BT[b, t] = 1 when tokens_BT[b, t] is a response token, and
+old_logp_BT[b, t] / ref_logp_BT[b, t] are log-probs of tokens_BT[b, t] (0 on prompt/padding).
+The logits at position t predict token t + 1, so the losses live in the shifted action frame
+of length S: logp_BS = log pi(tokens[:, 1:] | logits[:, :-1]), mask_BS = loss_mask_BT[:, 1:], ...
+
+Batch-size invariance (docs/SCIENCE.md section 2). The loss normaliser (valid-token count for
+token-mean, row counts for the seq-mean modes) is computed from the whole update batch before it
+is split, turned into per-token weights w with sum(x * w) == aggregate(x, mask, agg), and every
+micro-batch contributes sum(x * w) over its rows. Gradients are summed in a `lax.scan`, so the
+update does not depend on the micro-batch count M. Micro-batch m holds rows m, m + M, m + 2M, ...
+so that every micro-batch spans all data-parallel shards.
+
+Gradient noise (section 5). `grad_sqnorm_micro` [M] holds |g_m|^2 where g_m is the gradient of
+the loss micro-batch m alone would give under the same aggregation (the "small batch" of the
+two-batch estimator, B_small = B / M); `grad_sqnorm` is |g|^2 of the whole batch (B_big = B) and
+`grad_norm` its square root, the pre-clip global norm.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxrl_scale import optim
+from jaxrl_scale import sharding as shd
+from jaxrl_scale.models.config import ModelConfig
+from jaxrl_scale.models.decoder import forward
+from jaxrl_scale.rl import losses
+from jaxrl_scale.rl.state import TrainState, state_shardings
+from jaxrl_scale.rl.value import critic_values
+
+Array = jax.Array
+sg = jax.lax.stop_gradient
+
+
+# ----------------------------------------------------------------------------- configs, batches
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """Static loss settings (hashable; part of the compiled graph)."""
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: Optional[float] = None
+    agg: str = "token-mean"
+    temperature: float = 1.0       # the sampler's; tokens are scored under the same distribution
+    kl_coef: float = 0.0           # KL to a frozen reference; needs batch.ref_logp_BT
+    kl_kind: str = "k3"
+    entropy_coef: float = 0.0      # entropy bonus: loss -= coef * aggregate(entropy)
+    # PPO only
+    vf_clip: Optional[float] = 0.2
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten_advantages: bool = True
+
+    def __post_init__(self):
+        if self.agg not in losses.AGG_MODES:
+            raise ValueError(f"LossConfig.agg={self.agg!r}; valid modes: {losses.AGG_MODES}")
+        if self.kl_kind not in losses.KL_KINDS:
+            raise ValueError(f"LossConfig.kl_kind={self.kl_kind!r}; valid: {losses.KL_KINDS}")
+
+
+@flax.struct.dataclass
+class GRPOBatch:
+    """One rollout batch for a policy-gradient update (fields aligned with tokens_BT)."""
+
+    tokens_BT: Array       # int32
+    valid_BT: Array        # bool: real tokens (prompt + response), False on padding
+    loss_mask_BT: Array    # response tokens only
+    old_logp_BT: Array     # behaviour log-probs from the sampler, 0 elsewhere
+    advantages: Array      # [B] (one per response, broadcast over its tokens) or [B, T]
+    ref_logp_BT: Optional[Array] = None
+
+
+@flax.struct.dataclass
+class PPOBatch:
+    """One rollout batch for PPO; the advantages come from the critic inside the step."""
+
+    tokens_BT: Array
+    valid_BT: Array
+    loss_mask_BT: Array
+    old_logp_BT: Array
+    rewards_B: Array       # outcome reward, credited to the final response token
+    ref_logp_BT: Optional[Array] = None
+
+
+def rollout_arrays(prompt_BP: Array, prompt_valid_BP: Array, response_BR: Array,
+                   response_logp_BR: Array, response_lengths_B: Array) -> dict[str, Array]:
+    """tokens_BT / valid_BT / loss_mask_BT / old_logp_BT from a left-padded prompt block and
+    `sampling.generate` output (tokens, logprobs, lengths), T = P + R."""
+    R = response_BR.shape[1]
+    resp_valid_BR = jnp.arange(R)[None, :] < response_lengths_B[:, None]
+    return dict(
+        tokens_BT=jnp.concatenate([prompt_BP, response_BR], axis=1).astype(jnp.int32),
+        valid_BT=jnp.concatenate([prompt_valid_BP.astype(bool), resp_valid_BR], axis=1),
+        loss_mask_BT=jnp.concatenate([jnp.zeros_like(prompt_valid_BP, bool), resp_valid_BR], 1),
+        old_logp_BT=jnp.concatenate(
+            [jnp.zeros(prompt_BP.shape, jnp.float32),
+             jnp.where(resp_valid_BR, response_logp_BR, 0.0).astype(jnp.float32)], axis=1))
+
+
+# ----------------------------------------------------------------------------- normalisers
+
+
+def _f32(x):
+    return jnp.asarray(x, jnp.float32)
+
+
+def _norm_parts(mask_BS: Array, agg: str) -> tuple[Array, Array]:
+    """(row_scale_B, denominator) with aggregate(x, m, agg) == sum(x m row_scale) / denominator.
+
+    The denominators are guarded exactly like `losses.aggregate` (max(., 1)), so all-masked
+    rows and batches give 0, never NaN.
+    """
+    m_BS = _f32(mask_BS)
+    B, S = m_BS.shape
+    count_B = jnp.sum(m_BS, axis=1)
+    ones_B = jnp.ones([B], jnp.float32)
+    if agg == "token-mean":
+        return ones_B, jnp.maximum(jnp.sum(m_BS), 1.0)
+    if agg == "seq-mean-token-mean":
+        return 1.0 / jnp.maximum(count_B, 1.0), jnp.maximum(jnp.sum(_f32(count_B > 0)), 1.0)
+    if agg == "seq-mean-token-sum":
+        return ones_B, jnp.full([], float(B), jnp.float32)
+    if agg == "seq-mean-token-sum-norm":
+        return ones_B, jnp.full([], float(S), jnp.float32)
+    raise ValueError(f"unknown aggregation mode={agg!r}; valid modes: {losses.AGG_MODES}")
+
+
+def token_weights(mask_BS: Array, agg: str) -> Array:
+    """Per-token weights w_BS with sum(x * w) == losses.aggregate(x, mask, agg) for any x."""
+    row_scale_B, denom = _norm_parts(mask_BS, agg)
+    return _f32(mask_BS) * row_scale_B[:, None] / denom
+
+
+def _weighted_sum(loss_fn, *args, weights_BS, **kw):
+    """sum(l_BT * w_BT) for a library loss that aggregates its per-token values.
+
+    With the weights as its mask and "seq-mean-token-sum" a loss returns sum(l w) / B; times B
+    recovers the weighted sum, so the library's loss math is reused unchanged.
+    """
+    loss, _ = loss_fn(*args, weights_BS, agg="seq-mean-token-sum", **kw)
+    return loss * weights_BS.shape[0]
+
+
+# ----------------------------------------------------------------------------- accumulation
+
+
+def _split_rows(x: Array, parts: int) -> Array:
+    """[B, ...] -> [parts, B / parts, ...]; part m holds rows m, m + parts, m + 2 parts, ..."""
+    B = x.shape[0]
+    return jnp.swapaxes(x.reshape(B // parts, parts, *x.shape[1:]), 0, 1)
+
+
+def _sqnorm(tree) -> Array:
+    return sum(jnp.sum(jnp.square(_f32(x))) for x in jax.tree_util.tree_leaves(tree))
+
+
+def _check_rows(B: int, parts: int, what: str):
+    if parts < 1 or B % parts:
+        raise ValueError(f"{what}={parts} must be >= 1 and divide the {B} batch rows")
+
+
+def accumulate_grads(loss_fn: Callable, params: Any, data: dict[str, Array],
+                     micro_batches: int = 1):
+    """Sum the gradients of `loss_fn(params, micro_batch)` over M micro-batches in a lax.scan.
+
+    loss_fn returns (loss, (additive, token_sums, scale)): `additive` metrics are summed over
+    micro-batches, `token_sums` are summed too (the caller divides by the token count), and
+    `scale` turns the micro-batch's share of the gradient into the gradient of its own loss.
+    Returns (grads float32, loss, additive, token_sums, grad_sqnorm_micro [M]).
+    """
+    M = int(micro_batches)
+    B = jax.tree_util.tree_leaves(data)[0].shape[0]
+    _check_rows(B, M, "micro_batches")
+    split = jax.tree.map(lambda x: _split_rows(x, M), data)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def body(acc, mb):
+        (loss, (additive, token_sums, scale)), g = grad_fn(params, mb)
+        acc = jax.tree.map(lambda a, x: a + _f32(x), acc, g)
+        return acc, (loss, additive, token_sums, _sqnorm(g) * jnp.square(scale))
+
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    grads, (loss_M, add_M, sums_M, sq_M) = jax.lax.scan(body, zeros, split)
+    total = functools.partial(jnp.sum, axis=0)
+    return grads, jnp.sum(loss_M), jax.tree.map(total, add_M), jax.tree.map(total, sums_M), sq_M
+
+
+def _schedule_count(opt_state, default):
+    """The step count the lr schedule will see in this update (optax ScaleByScheduleState)."""
+    found = [x for x in jax.tree_util.tree_leaves(
+        opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByScheduleState))
+        if isinstance(x, optax.ScaleByScheduleState)]
+    return found[0].count if found else default
+
+
+def apply_grads(state: TrainState, grads: Any, tx: optax.GradientTransformation,
+                lr_fn: Optional[Callable] = None) -> tuple[TrainState, dict[str, Array]]:
+    """One optimizer update; logs the lr actually used and the skipped-update counter."""
+    metrics = {}
+    if lr_fn is not None:
+        metrics["lr"] = _f32(lr_fn(_schedule_count(state.opt_state, state.step)))
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    rng, _ = jax.random.split(state.rng)
+    metrics["nonfinite_count"] = optim.nonfinite_count(opt_state)
+    new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1, rng=rng)
+    return new_state, metrics
+
+
+def _multi_update(one_update: Callable, state: TrainState, data: dict[str, Array],
+                  num_minibatches: int, epochs: int):
+    """`epochs` passes over `num_minibatches` row splits, one optimizer update each.
+
+    U = 1 (the default protocol) returns that update's metrics; otherwise every metric gets a
+    leading [U] axis in update order.
+    """
+    K, E = int(num_minibatches), int(epochs)
+    if K == 1 and E == 1:
+        return one_update(state, data)
+    if E < 1:
+        raise ValueError(f"epochs={E} must be >= 1")
+    B = jax.tree_util.tree_leaves(data)[0].shape[0]
+    _check_rows(B, K, "num_minibatches")
+    split = jax.tree.map(lambda x: _split_rows(x, K), data)
+    per_epoch = []
+    for _ in range(E):
+        state, m = jax.lax.scan(one_update, state, split)
+        per_epoch.append(m)
+    return state, jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *per_epoch)
+
+
+# ----------------------------------------------------------------------------- actor (policy)
+
+
+def _action_frame(x_BT: Array) -> Array:
+    return x_BT[:, 1:]
+
+
+def _actor_data(batch, advantages_BS: Array) -> dict[str, Array]:
+    data = dict(tokens_BT=jnp.asarray(batch.tokens_BT, jnp.int32),
+                valid_BT=jnp.asarray(batch.valid_BT, bool),
+                mask_BS=_f32(_action_frame(batch.loss_mask_BT)),
+                old_logp_BS=_f32(_action_frame(batch.old_logp_BT)),
+                adv_BS=_f32(advantages_BS))
+    if batch.ref_logp_BT is not None:
+        data["ref_logp_BS"] = _f32(_action_frame(batch.ref_logp_BT))
+    return data
+
+
+def _grpo_advantages_BS(batch: GRPOBatch) -> Array:
+    adv = _f32(batch.advantages)
+    S = batch.tokens_BT.shape[1] - 1
+    if adv.ndim == 1:
+        return jnp.broadcast_to(adv[:, None], (adv.shape[0], S))
+    return _action_frame(adv)
+
+
+def _actor_loss_fn(cfg: ModelConfig, loss_cfg: LossConfig, remat: bool, global_denom: Array):
+    lc = loss_cfg
+    clip = dict(clip_low=lc.clip_low, clip_high=lc.clip_high, dual_clip=lc.dual_clip)
+
+    def loss_fn(params, mb):
+        logits_BTV = forward(cfg, params, mb["tokens_BT"], mb["valid_BT"], remat=remat)
+        logits_BSV = logits_BTV[:, :-1]
+        logp_BS = losses.token_logprobs(logits_BSV, mb["tokens_BT"][:, 1:], lc.temperature)
+        mask_BS, w_BS = mb["mask_BS"], mb["w_BS"]
+        old_BS, adv_BS = mb["old_logp_BS"], mb["adv_BS"]
+
+        pg_loss = _weighted_sum(losses.policy_loss, logp_BS, old_BS, adv_BS, weights_BS=w_BS,
+                                **clip)
+        _, pg_metrics = losses.policy_loss(sg(logp_BS), old_BS, adv_BS, mask_BS, agg=lc.agg,
+                                           **clip)
+        scaled_BSV = logits_BSV / lc.temperature if lc.temperature > 0 else logits_BSV
+        if not lc.entropy_coef:
+            scaled_BSV = sg(scaled_BSV)
+        ent_BS = losses.entropy_from_logits(scaled_BSV)
+        loss = pg_loss - lc.entropy_coef * jnp.sum(ent_BS * w_BS)
+        n_tok = jnp.sum(mask_BS)
+        token_sums = {k: v * n_tok for k, v in pg_metrics.items()}
+        token_sums["entropy"] = jnp.sum(sg(ent_BS) * mask_BS)
+        additive = {"pg_loss": sg(pg_loss)}
+        if "ref_logp_BS" in mb:
+            kl_BS = losses.kl_penalty(logp_BS, mb["ref_logp_BS"], lc.kl_kind)
+            if lc.kl_coef:
+                loss = loss + lc.kl_coef * jnp.sum(kl_BS * w_BS)
+            token_sums["kl"] = jnp.sum(sg(kl_BS) * mask_BS)
+        additive["loss"] = sg(loss)
+        row_scale_B, local_denom = _norm_parts(mask_BS, lc.agg)
+        del row_scale_B
+        scale = global_denom / local_denom
+        return loss, (additive, token_sums, scale)
+
+    return loss_fn
+
+
+def _finish(additive, token_sums, n_tok, sq_M, grads):
+    metrics = dict(additive)
+    metrics.update({k: v / jnp.maximum(n_tok, 1.0) for k, v in token_sums.items()})
+    sq = _sqnorm(grads)
+    metrics.update(grad_sqnorm_micro=sq_M, grad_sqnorm=sq, grad_norm=jnp.sqrt(sq),
+                   tokens=n_tok)
+    return metrics
+
+
+def policy_grads(params: Any, data: dict[str, Array], *, cfg: ModelConfig,
+                 loss_cfg: LossConfig, micro_batches: int = 1, remat: bool = False):
+    """Gradients (float32) and metrics of the policy loss over one update batch (action frame)."""
+    row_scale_B, denom = _norm_parts(data["mask_BS"], loss_cfg.agg)
+    data = dict(data, w_BS=data["mask_BS"] * row_scale_B[:, None] / denom)
+    loss_fn = _actor_loss_fn(cfg, loss_cfg, remat, denom)
+    grads, _, additive, token_sums, sq_M = accumulate_grads(loss_fn, params, data, micro_batches)
+    return grads, _finish(additive, token_sums, jnp.sum(data["mask_BS"]), sq_M, grads)
+
+
+def grpo_grads(params: Any, batch: GRPOBatch, *, cfg: ModelConfig, loss_cfg: LossConfig,
+               micro_batches: int = 1, remat: bool = False):
+    """(grads, metrics) of the GRPO loss on the whole batch, accumulated over micro-batches."""
+    data = _actor_data(batch, _grpo_advantages_BS(batch))
+    return policy_grads(params, data, cfg=cfg, loss_cfg=loss_cfg, micro_batches=micro_batches,
+                        remat=remat)
+
+
+def _policy_update(state, data, *, cfg, tx, loss_cfg, micro_batches, remat, lr_fn,
+                   with_grads=False):
+    grads, metrics = policy_grads(state.params, data, cfg=cfg, loss_cfg=loss_cfg,
+                                  micro_batches=micro_batches, remat=remat)
+    state, opt_metrics = apply_grads(state, grads, tx, lr_fn)
+    metrics.update(opt_metrics)
+    if with_grads:
+        metrics["grads"] = grads
+    return state, metrics
+
+
+def grpo_step(state: TrainState, batch: GRPOBatch, *, cfg: ModelConfig,
+              tx: optax.GradientTransformation, loss_cfg: LossConfig = LossConfig(),
+              micro_batches: int = 1, num_minibatches: int = 1, epochs: int = 1,
+              remat: bool = False, lr_fn: Optional[Callable] = None, with_grads: bool = False):
+    """One GRPO (or any outcome-advantage policy-gradient) update: (state, batch) -> (state, metrics).
+
+    Clipped surrogate (PPO clip with clip-higher and dual clip), optional KL to the frozen
+    reference whose log-probs are in batch.ref_logp_BT, optional entropy bonus, aggregated by
+    loss_cfg.agg over the whole batch. Default: one optimizer update for the whole batch
+    (num_minibatches = epochs = 1). `lr_fn(count)` (e.g. partial(optim.current_lr, hparams,
+    warmup_steps=...)) adds the lr used to the metrics; with_grads=True adds the pre-clip
+    float32 gradient pytree as metrics["grads"].
+    """
+    data = _actor_data(batch, _grpo_advantages_BS(batch))
+    update = functools.partial(_policy_update, cfg=cfg, tx=tx, loss_cfg=loss_cfg,
+                               micro_batches=micro_batches, remat=remat, lr_fn=lr_fn,
+                               with_grads=with_grads)
+    state, metrics = _multi_update(update, state, data, num_minibatches, epochs)
+    metrics["actor_grad_norm"] = metrics["grad_norm"]
+    return state, metrics
+
+
+# ----------------------------------------------------------------------------- PPO
+
+
+def score_tokens(cfg: ModelConfig, params: Any, tokens_BT: Array, valid_BT: Array, *,
+                 temperature: float = 1.0, micro_batches: int = 1) -> Array:
+    """log pi(tokens_BT[b, t] | prefix) aligned with tokens_BT (0 at t = 0), float32 [B, T].
+
+    For the reference policy's ref_logp_BT (or re-scoring old log-probs). No gradient.
+    """
+    def one(_, mb):
+        logits = forward(cfg, params, mb[0], mb[1])
+        return None, losses.token_logprobs(logits[:, :-1], mb[0][:, 1:], temperature)
+
+    _check_rows(tokens_BT.shape[0], micro_batches, "micro_batches")
+    split = (_split_rows(tokens_BT, micro_batches), _split_rows(valid_BT, micro_batches))
+    _, logp_MbS = jax.lax.scan(one, None, split)
+    logp_BS = jnp.swapaxes(logp_MbS, 0, 1).reshape(tokens_BT.shape[0], -1)
+    return sg(jnp.pad(logp_BS, ((0, 0), (1, 0))))
+
+
+def _critic_values_BS(cfg, params, tokens_BT, valid_BT, micro_batches):
+    """Critic values of the states before each action, [B, S], micro-batched, no gradient."""
+    def one(_, mb):
+        return None, critic_values(cfg, params, mb[0], mb[1])[:, :-1]
+
+    split = (_split_rows(tokens_BT, micro_batches), _split_rows(valid_BT, micro_batches))
+    _, v_MbS = jax.lax.scan(one, None, split)
+    return sg(jnp.swapaxes(v_MbS, 0, 1).reshape(tokens_BT.shape[0], -1))
+
+
+def final_token_rewards(rewards_B: Array, mask_BS: Array) -> Array:
+    """rewards_BS: the outcome reward on each row's last valid action, 0 elsewhere."""
+    m_BS = _f32(mask_BS)
+    S = m_BS.shape[1]
+    last_B = S - 1 - jnp.argmax(m_BS[:, ::-1] > 0, axis=1)
+    has_B = jnp.any(m_BS > 0, axis=1)
+    onehot_BS = jax.nn.one_hot(last_B, S, dtype=jnp.float32)
+    return onehot_BS * jnp.where(has_B, _f32(rewards_B), 0.0)[:, None]
+
+
+def _critic_loss_fn(cfg, loss_cfg, remat, global_denom):
+    def loss_fn(params, mb):
+        v_BS = critic_values(cfg, params, mb["tokens_BT"], mb["valid_BT"], remat=remat)[:, :-1]
+        mask_BS, w_BS = mb["mask_BS"], mb["w_BS"]
+        args = (mb["old_values_BS"], mb["returns_BS"])
+        loss = _weighted_sum(losses.value_loss, v_BS, *args, weights_BS=w_BS,
+                             clip=loss_cfg.vf_clip)
+        _, vm = losses.value_loss(sg(v_BS), *args, mask_BS, clip=loss_cfg.vf_clip,
+                                  agg=loss_cfg.agg)
+        n_tok = jnp.sum(mask_BS)
+        _, local_denom = _norm_parts(mask_BS, loss_cfg.agg)
+        return loss, ({"loss": sg(loss)}, {k: v * n_tok for k, v in vm.items()},
+                      global_denom / local_denom)
+
+    return loss_fn
+
+
+def _critic_update(state, data, *, cfg, tx, loss_cfg, micro_batches, remat, lr_fn,
+                   with_grads=False):
+    row_scale_B, denom = _norm_parts(data["mask_BS"], loss_cfg.agg)
+    data = dict(data, w_BS=data["mask_BS"] * row_scale_B[:, None] / denom)
+    loss_fn = _critic_loss_fn(cfg, loss_cfg, remat, denom)
+    grads, _, additive, token_sums, sq_M = accumulate_grads(loss_fn, state.params, data,
+                                                            micro_batches)
+    metrics = _finish(additive, token_sums, jnp.sum(data["mask_BS"]), sq_M, grads)
+    state, opt_metrics = apply_grads(state, grads, tx, lr_fn)
+    metrics.update(opt_metrics)
+    if with_grads:
+        metrics["grads"] = grads
+    return state, metrics
+
+
+def ppo_advantages(cfg: ModelConfig, critic_params: Any, batch: PPOBatch, loss_cfg: LossConfig,
+                   micro_batches: int = 1) -> dict[str, Array]:
+    """Critic values of the rollout, GAE advantages (whitened, mask-aware) and returns [B, S]."""
+    mask_BS = _f32(_action_frame(batch.loss_mask_BT))
+    values_BS = _critic_values_BS(cfg, critic_params, batch.tokens_BT, batch.valid_BT,
+                                  micro_batches) * mask_BS
+    rewards_BS = final_token_rewards(batch.rewards_B, mask_BS)
+    adv_BS, returns_BS = losses.gae(rewards_BS, values_BS, mask_BS, gamma=loss_cfg.gamma,
+                                    lam=loss_cfg.lam)
+    if loss_cfg.whiten_advantages:
+        adv_BS = losses.masked_whiten(adv_BS, mask_BS)
+    return dict(values_BS=values_BS, advantages_BS=sg(adv_BS), returns_BS=sg(returns_BS),
+                mask_BS=mask_BS)
+
+
+def ppo_step(actor_state: TrainState, critic_state: TrainState, batch: PPOBatch, *,
+             cfg: ModelConfig, actor_tx: optax.GradientTransformation,
+             critic_tx: optax.GradientTransformation, loss_cfg: LossConfig = LossConfig(),
+             micro_batches: int = 1, num_minibatches: int = 1, epochs: int = 1,
+             remat: bool = False, actor_lr_fn: Optional[Callable] = None,
+             critic_lr_fn: Optional[Callable] = None, with_grads: bool = False):
+    """PPO update of an actor and a critic from one rollout batch.
+
+    The critic (trunk + value head, rl/value.py) scores the rollout before any update; GAE
+    (Schulman et al. 2016) on the outcome reward at the final response token gives advantages
+    (whitened over the batch) and returns. The actor takes the clipped-surrogate update of
+    `grpo_step`; the critic minimises the clipped value loss. Separate params and optimizers
+    (so separate lr rules); metrics are prefixed actor_ / critic_ where they clash.
+    Returns (actor_state, critic_state, metrics).
+    """
+    gae_out = ppo_advantages(cfg, critic_state.params, batch, loss_cfg, micro_batches)
+    actor_data = _actor_data(batch, gae_out["advantages_BS"])
+    critic_data = dict(tokens_BT=actor_data["tokens_BT"], valid_BT=actor_data["valid_BT"],
+                       mask_BS=gae_out["mask_BS"], old_values_BS=gae_out["values_BS"],
+                       returns_BS=gae_out["returns_BS"])
+    common = dict(cfg=cfg, loss_cfg=loss_cfg, micro_batches=micro_batches, remat=remat,
+                  with_grads=with_grads)
+    actor_update = functools.partial(_policy_update, tx=actor_tx, lr_fn=actor_lr_fn, **common)
+    critic_update = functools.partial(_critic_update, tx=critic_tx, lr_fn=critic_lr_fn,
+                                      **common)
+    actor_state, am = _multi_update(actor_update, actor_state, actor_data, num_minibatches,
+                                    epochs)
+    critic_state, cm = _multi_update(critic_update, critic_state, critic_data,
+                                     num_minibatches, epochs)
+    shared = ("grad_sqnorm_micro", "grad_sqnorm", "grad_norm", "lr", "nonfinite_count", "loss",
+              "grads")
+    metrics = {("actor_" + k if k in shared else k): v for k, v in am.items()}
+    metrics.update({("critic_" + k if k in shared or k == "tokens" else k): v
+                    for k, v in cm.items()})
+    mask_BS = gae_out["mask_BS"]
+    metrics["value_mean"] = jnp.sum(gae_out["values_BS"] * mask_BS) / jnp.maximum(
+        jnp.sum(mask_BS), 1.0)
+    metrics["return_mean"] = jnp.sum(gae_out["returns_BS"] * mask_BS) / jnp.maximum(
+        jnp.sum(mask_BS), 1.0)
+    return actor_state, critic_state, metrics
+
+
+# ----------------------------------------------------------------------------- jit + shardings
+
+
+def make_train_step(step_fn: Callable, states: TrainState | tuple[TrainState, ...] | None = None,
+                    *, mesh=None, donate: bool = True, compiler_options: Optional[dict] = None,
+                    **step_kwargs) -> Callable:
+    """jit(step_fn) with explicit in/out shardings and donated train state(s).
+
+    `states`: the state (GRPO) or (actor, critic) (PPO) that the step takes first, as arrays
+    or ShapeDtypeStructs; only used to derive shardings from the rule table (may be None
+    without a mesh). The batch is
+    split over data x fsdp, metrics come back replicated. The returned function takes
+    (*states, batch) and checks that the batch rows divide over the data axes first (a clear
+    ValueError naming both numbers). step_kwargs (cfg, tx, loss_cfg, micro_batches, ...) are
+    bound statically; compiler_options go to jax.jit (e.g. a lower XLA optimisation level to
+    compile tests faster).
+    """
+    if states is None:
+        if mesh is not None:
+            raise ValueError("make_train_step needs the state(s) to derive shardings on a mesh")
+        n = 2 if step_fn is ppo_step else 1
+    else:
+        states = states if isinstance(states, tuple) else (states,)
+        n = len(states)
+    fn = functools.partial(step_fn, **step_kwargs)
+    donate_argnums = tuple(range(n)) if donate else ()
+    if mesh is None:
+        jitted = jax.jit(fn, donate_argnums=donate_argnums, compiler_options=compiler_options)
+    else:
+        st_sh = tuple(state_shardings(mesh, s) for s in states)
+        jitted = jax.jit(fn, in_shardings=(*st_sh, shd.batch_sharding(mesh)),
+                         out_shardings=(*st_sh, shd.replicated(mesh)),
+                         donate_argnums=donate_argnums, compiler_options=compiler_options)
+
+    def train_step(*args):
+        if mesh is not None:
+            shd.check_batch_divisible(mesh, args[-1])
+        return jitted(*args)
+
+    train_step.jitted = jitted
+    return train_step
+
+
+__all__ = [
+    "LossConfig", "GRPOBatch", "PPOBatch", "rollout_arrays", "token_weights", "accumulate_grads",
+    "apply_grads", "policy_grads", "grpo_grads", "grpo_step", "score_tokens",
+    "final_token_rewards", "ppo_advantages", "ppo_step", "make_train_step",
+]

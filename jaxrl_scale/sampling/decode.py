@@ -1,0 +1,325 @@
+"""Batched generation with a KV cache: one jitted prefill + `lax.while_loop` of one-token steps.
+
+Shapes: B batch (bucketed), T prompt bucket, N max_new_tokens, V vocab.
+
+Host side (`generate`): validate every input before anything is traced, left-pad the prompts
+into a bucket (prompt length -> power of two >= 8, batch -> power of two, times the data-axis
+size under a mesh) so repeated calls inside one bucket reuse one executable.
+
+Device side (`_decode`, one jit per bucket and setting): the cache is created inside the jitted
+function (so there is nothing to donate and XLA updates it in place across loop steps); the
+prompt block minus its last column is prefilled with one `extend` call whose logits are dead
+code, then every loop step feeds one token (the last prompt token first), samples from its
+logits and stops when every row has emitted EOS or N tokens exist (gemma sampler shape).
+"""
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+from typing import Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jaxrl_scale.models.config import ModelConfig
+from jaxrl_scale.models.decoder import (
+    _NEG_INF, KVCache, _layer, _layer_params, embed, extend, init_cache, logits_from_hidden,
+    positions_from_valid)
+from jaxrl_scale.sampling.rules import SamplingConfig, validate_sampling
+
+MIN_PROMPT_BUCKET = 8
+DATA_AXES = ("data", "fsdp")  # mesh axes the batch rows are split over, when present
+
+
+@flax.struct.dataclass
+class GenerateOutput:
+    tokens: jax.Array     # int32 [B, N]: pad_id after a row's EOS (EOS kept)
+    logprobs: jax.Array   # float32 [B, N]: log-prob under the sampled-from distribution, 0 on pads
+    lengths: jax.Array    # int32 [B]: generated tokens per row, EOS included
+    steps: jax.Array      # int32 []: loop steps run (< N when every row stopped early)
+
+
+@flax.struct.dataclass
+class StepCache:
+    """The KV cache in the decode loop: one [B, K, S, H] array per layer.
+
+    Per-layer arrays (not the decoder's stacked [L, B, S, K, H]) so a step never copies a
+    layer out of the stack, and K/H-major so the one-query attention is a plain batched
+    matvec without transposes. Same slot semantics as `KVCache`.
+    """
+    k_BKSH: tuple[jax.Array, ...]
+    v_BKSH: tuple[jax.Array, ...]
+    valid_BS: jax.Array     # bool: slot holds a real token
+    next_pos_B: jax.Array   # int32: RoPE position of each row's next token
+    index: jax.Array        # int32 []: next slot to write
+
+
+@flax.struct.dataclass
+class DecodeState:
+    """The while-loop carry."""
+    step: jax.Array        # int32 []: index of the token emitted by the next step
+    cache: StepCache
+    input_B: jax.Array     # int32: token fed to the next step
+    tokens_BN: jax.Array
+    logprobs_BN: jax.Array
+    lengths_B: jax.Array
+    done_B: jax.Array      # bool: row has emitted EOS
+    rng: jax.Array
+
+
+def to_step_cache(cache: KVCache) -> StepCache:
+    """Decoder cache [L, B, S, K, H] -> per-layer [B, K, S, H] (one copy, after prefill)."""
+    L = cache.k_LBSKH.shape[0]
+    k = tuple(jnp.transpose(cache.k_LBSKH[i], (0, 2, 1, 3)) for i in range(L))
+    v = tuple(jnp.transpose(cache.v_LBSKH[i], (0, 2, 1, 3)) for i in range(L))
+    return StepCache(k_BKSH=k, v_BKSH=v, valid_BS=cache.valid_BS, next_pos_B=cache.next_pos_B,
+                     index=cache.index)
+
+
+def split_layers(cfg: ModelConfig, params) -> list:
+    """Per-layer parameter dicts; sliced once outside the decode loop so that steps do not
+    copy every weight matrix out of the stacked [L, ...] arrays."""
+    return [_layer_params(params, i) for i in range(cfg.num_layers)]
+
+
+def decode_step(cfg: ModelConfig, params, layers, cache: StepCache, token_B, valid_B):
+    """One token per row through the decoder with a `StepCache` -> (logits_BV, cache).
+
+    The same math as `extend(cfg, params, cache, token_B[:, None], valid_B[:, None])`
+    (the decoder's own layer function; only the attention kernel is specialised to one
+    query), which tests check to 1e-5.
+    """
+    B = token_B.shape[0]
+    N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    idx = cache.index
+    valid_B1 = valid_B[:, None]
+    positions_B1 = positions_from_valid(valid_B1, cache.next_pos_B)
+    valid_BS = jax.lax.dynamic_update_slice(cache.valid_BS, valid_B1, (0, idx))
+    new_k, new_v = [], []
+    x_B1D = embed(cfg, params, token_B[:, None])
+    for i, lp in enumerate(layers):
+        def attend(q_B1NH, k_B1KH, v_B1KH, i=i):
+            kc = jax.lax.dynamic_update_slice(
+                cache.k_BKSH[i], jnp.transpose(k_B1KH, (0, 2, 1, 3)).astype(cache.k_BKSH[i].dtype),
+                (0, 0, idx, 0))
+            vc = jax.lax.dynamic_update_slice(
+                cache.v_BKSH[i], jnp.transpose(v_B1KH, (0, 2, 1, 3)).astype(cache.v_BKSH[i].dtype),
+                (0, 0, idx, 0))
+            new_k.append(kc)
+            new_v.append(vc)
+            q_BKGH = q_B1NH.reshape(B, K, N // K, H)
+            scores_BKGS = jnp.einsum("bkgh,bksh->bkgs", q_BKGH, kc.astype(q_BKGH.dtype),
+                                     preferred_element_type=jnp.float32) * (H ** -0.5)
+            scores_BKGS = jnp.where(valid_BS[:, None, None, :], scores_BKGS, _NEG_INF)
+            probs_BKGS = jax.nn.softmax(scores_BKGS, axis=-1).astype(vc.dtype)
+            out_BKGH = jnp.einsum("bkgs,bksh->bkgh", probs_BKGS, vc)
+            return out_BKGH.reshape(B, 1, N, H).astype(q_B1NH.dtype)
+        x_B1D = _layer(cfg, lp, x_B1D, positions_B1, attend)
+    logits_BV = logits_from_hidden(cfg, params, x_B1D)[:, 0]
+    return logits_BV, StepCache(k_BKSH=tuple(new_k), v_BKSH=tuple(new_v), valid_BS=valid_BS,
+                                next_pos_B=cache.next_pos_B + valid_B.astype(jnp.int32),
+                                index=idx + 1)
+
+
+# ----------------------------------------------------------------------------- jit cache
+
+_JIT_CACHE: dict = {}
+_TRACES = [0]
+
+
+def compile_count() -> int:
+    """How many times the decode function has been traced (== compiled) in this process."""
+    return _TRACES[0]
+
+
+def clear_cache() -> None:
+    """Drop the compiled decode functions (the counter keeps counting)."""
+    _JIT_CACHE.clear()
+
+
+def _decode(params, tokens_BT, valid_BT, rng, *, cfg: ModelConfig, max_new_tokens: int,
+            sampling: SamplingConfig, eos_id: int | None, pad_id: int, batch_spec):
+    _TRACES[0] += 1
+    B, T = tokens_BT.shape
+    N = max_new_tokens
+
+    def constrain(x, batch_axis=0):
+        if batch_spec is None:
+            return x
+        return jax.lax.with_sharding_constraint(x, batch_spec(x.ndim, batch_axis))
+
+    def constrain_cache(c):
+        if batch_spec is None:
+            return c
+        if isinstance(c, KVCache):
+            return c.replace(k_LBSKH=jax.lax.with_sharding_constraint(c.k_LBSKH, batch_spec(5, 1)),
+                             v_LBSKH=jax.lax.with_sharding_constraint(c.v_LBSKH, batch_spec(5, 1)),
+                             valid_BS=constrain(c.valid_BS), next_pos_B=constrain(c.next_pos_B))
+        return c.replace(k_BKSH=tuple(map(constrain, c.k_BKSH)),
+                         v_BKSH=tuple(map(constrain, c.v_BKSH)),
+                         valid_BS=constrain(c.valid_BS), next_pos_B=constrain(c.next_pos_B))
+
+    cache = constrain_cache(init_cache(cfg, B, T + N))
+    # Prefill all but the last column; the logits of this call are unused and DCE'd, so the
+    # LM head runs only in the loop (left padding: the last column is real for every row).
+    _, cache = extend(cfg, params, cache, tokens_BT[:, :-1], valid_BT[:, :-1])
+    layers = split_layers(cfg, params)
+
+    state = DecodeState(
+        step=jnp.zeros((), jnp.int32), cache=constrain_cache(to_step_cache(cache)),
+        input_B=tokens_BT[:, -1],
+        tokens_BN=constrain(jnp.full((B, N), pad_id, jnp.int32)),
+        logprobs_BN=constrain(jnp.zeros((B, N), jnp.float32)),
+        lengths_B=constrain(jnp.zeros((B,), jnp.int32)),
+        done_B=constrain(~valid_BT[:, -1]),  # bucket dummy rows start done
+        rng=rng)
+
+    def cond(s: DecodeState):
+        return (s.step < N) & ~jnp.all(s.done_B)
+
+    def body(s: DecodeState):
+        logits_BV, cache = decode_step(cfg, params, layers, s.cache, s.input_B, ~s.done_B)
+        tok_B, logp_B = sampling.get_next_tokens(logits_BV, jax.random.fold_in(s.rng, s.step))
+        tok_B = jnp.where(s.done_B, pad_id, tok_B)
+        logp_B = jnp.where(s.done_B, 0.0, logp_B)
+        done_B = s.done_B if eos_id is None else s.done_B | (tok_B == eos_id)
+        return DecodeState(
+            step=s.step + 1, cache=constrain_cache(cache),
+            input_B=jnp.where(done_B, 0, tok_B),
+            tokens_BN=jax.lax.dynamic_update_slice(s.tokens_BN, tok_B[:, None], (0, s.step)),
+            logprobs_BN=jax.lax.dynamic_update_slice(s.logprobs_BN, logp_B[:, None], (0, s.step)),
+            lengths_B=s.lengths_B + (~s.done_B).astype(jnp.int32),
+            done_B=done_B, rng=s.rng)
+
+    s = jax.lax.while_loop(cond, body, state)
+    return GenerateOutput(tokens=s.tokens_BN, logprobs=s.logprobs_BN, lengths=s.lengths_B,
+                          steps=s.step)
+
+
+def _batch_spec_fn(mesh: Mesh, data_axes: tuple[str, ...]):
+    def spec(ndim: int, batch_axis: int = 0) -> NamedSharding:
+        parts = [None] * ndim
+        parts[batch_axis] = data_axes
+        return NamedSharding(mesh, P(*parts))
+    return spec
+
+
+def _get_decode_fn(key, **static):
+    fn = _JIT_CACHE.get(key)
+    if fn is None:
+        fn = jax.jit(functools.partial(_decode, **static))
+        _JIT_CACHE[key] = fn
+    return fn
+
+
+# ----------------------------------------------------------------------------- host side
+
+def next_pow2(n: int, minimum: int = 1) -> int:
+    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
+
+
+def bucket_shape(batch: int, prompt_len: int, data_size: int = 1) -> tuple[int, int]:
+    """(batch bucket, prompt bucket): powers of two, batch a multiple of `data_size`."""
+    b = next_pow2(batch)
+    b = data_size * math.ceil(b / data_size)
+    return b, next_pow2(prompt_len, MIN_PROMPT_BUCKET)
+
+
+def _check_int(name, value, minimum=None):
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an int, got {value!r}.")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}.")
+
+
+def _validate_prompts(cfg: ModelConfig, prompts, max_new_tokens: int) -> list[np.ndarray]:
+    if prompts is None or len(prompts) == 0:
+        raise ValueError("generate got an empty prompt list; pass at least one prompt.")
+    rows = []
+    for i, p in enumerate(prompts):
+        a = np.asarray(p)
+        if a.ndim != 1:
+            raise ValueError(f"prompt {i} must be a flat list of token ids, got shape {a.shape}.")
+        if a.size == 0:
+            raise ValueError(f"prompt {i} is empty; every prompt needs at least one token.")
+        if not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(f"prompt {i} must hold integer token ids, got dtype {a.dtype}.")
+        lo, hi = int(a.min()), int(a.max())
+        if lo < 0 or hi >= cfg.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"prompt {i} has token id {bad} outside the vocabulary "
+                             f"[0, {cfg.vocab_size}).")
+        if a.size + max_new_tokens > cfg.max_seq_len:
+            raise ValueError(
+                f"prompt {i} length {a.size} + max_new_tokens {max_new_tokens} = "
+                f"{a.size + max_new_tokens} exceeds the cache (cfg.max_seq_len={cfg.max_seq_len}).")
+        rows.append(a.astype(np.int32))
+    return rows
+
+
+def _data_axes(mesh: Mesh, data_axes) -> tuple[str, ...]:
+    axes = tuple(a for a in DATA_AXES if a in mesh.axis_names) if data_axes is None \
+        else tuple(data_axes)
+    missing = [a for a in axes if a not in mesh.axis_names]
+    if missing or not axes:
+        raise ValueError(f"mesh axes {mesh.axis_names} have no batch axis {missing or DATA_AXES}.")
+    return axes
+
+
+def generate(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+             eos_id: int | None, pad_id: int, seed: int | jax.Array = 0,
+             mesh: Mesh | None = None, data_axes: Sequence[str] | None = None) -> GenerateOutput:
+    """Sample up to `max_new_tokens` tokens for each prompt (see API.md, Sampling).
+
+    prompts: list of token-id lists of any lengths (left-padded internally).
+    temperature=0.0 is greedy (top_k / top_p ignored). eos_id=None (or an id outside the
+    vocabulary) never stops early: every row gets exactly max_new_tokens tokens (benchmarks).
+    mesh: batch rows are split over its data axes (default: 'data' and 'fsdp' where present);
+    params keep whatever sharding they have.
+    Returns GenerateOutput(tokens int32 [B, N], logprobs float32 [B, N], lengths int32 [B],
+    steps): tokens after a row's EOS are pad_id with logprob 0; EOS is kept and counted.
+    """
+    # ---- validation: all of it before anything is traced
+    _check_int("max_new_tokens", max_new_tokens, 1)
+    validate_sampling(temperature, top_k, top_p)
+    _check_int("pad_id", pad_id)
+    if eos_id is not None:
+        _check_int("eos_id", eos_id)
+    rows = _validate_prompts(cfg, prompts, max_new_tokens)
+    axes = _data_axes(mesh, data_axes) if mesh is not None else None
+    data_size = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+
+    # ---- bucketing and left padding
+    B = len(rows)
+    Bb, Tb = bucket_shape(B, max(r.size for r in rows), data_size)
+    tokens = np.zeros((Bb, Tb), np.int32)
+    valid = np.zeros((Bb, Tb), bool)
+    for i, r in enumerate(rows):
+        tokens[i, Tb - r.size:] = r
+        valid[i, Tb - r.size:] = True
+
+    sampling = SamplingConfig(float(temperature), int(top_k), float(top_p))
+    rng = jax.random.PRNGKey(seed) if isinstance(seed, numbers.Integral) else seed
+    if mesh is not None:
+        spec = _batch_spec_fn(mesh, axes)
+        tokens, valid = jax.device_put(tokens, spec(2)), jax.device_put(valid, spec(2))
+        rng = jax.device_put(rng, NamedSharding(mesh, P()))
+    else:
+        spec = None
+    eos = int(eos_id) if eos_id is not None and 0 <= eos_id < cfg.vocab_size else None
+    static = dict(cfg=cfg, max_new_tokens=int(max_new_tokens), sampling=sampling, eos_id=eos,
+                  pad_id=int(pad_id), batch_spec=spec)
+    key = (cfg, Bb, Tb, int(max_new_tokens), sampling, eos, int(pad_id), mesh, axes)
+    out = _get_decode_fn(key, **static)(params, tokens, valid, rng)
+    if Bb != B:
+        out = GenerateOutput(tokens=out.tokens[:B], logprobs=out.logprobs[:B],
+                             lengths=out.lengths[:B], steps=out.steps)
+    return out
+
+
+generate.compile_count = compile_count

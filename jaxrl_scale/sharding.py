@@ -1,0 +1,192 @@
+"""Device mesh, the parameter partition table, and shardings for params, optimizer state, batches.
+
+Mesh axes: `data` (pure data parallel: params replicated), `fsdp` (data parallel whose params and
+optimizer state are sharded on D), `tensor` (Megatron-style: heads and the MLP hidden F split).
+The batch rows are split over data x fsdp. The same code runs on 1 CPU and on a pod: a mesh axis
+of size 1 is a no-op and a rule whose dimension does not divide its axis is dropped (that
+dimension is replicated), so a tiny model works on any mesh.
+
+Shape letters follow jaxrl_scale.models: L layers, D hidden, V vocab, N query heads, K kv heads,
+H head dim, F mlp hidden.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+# The one rule table: parameter kind (its key in the params pytree) -> mesh axis per dimension.
+# Layer-stacked kinds keep the leading L axis unsharded. Optimizer moments reuse these rules
+# because they carry the same key path and shape as their parameter.
+PARAM_RULES: dict[str, tuple[Optional[str], ...]] = {
+    "embed": ("tensor", "fsdp"),                 # [V, D]
+    "lm_head": ("fsdp", "tensor"),               # [D, V]
+    "wq": (None, "fsdp", "tensor", None),        # [L, D, N, H]
+    "wk": (None, "fsdp", "tensor", None),        # [L, D, K, H]
+    "wv": (None, "fsdp", "tensor", None),        # [L, D, K, H]
+    "wo": (None, "tensor", None, "fsdp"),        # [L, N, H, D]
+    "bq": (None, "tensor", None),                # [L, N, H]
+    "bk": (None, "tensor", None),                # [L, K, H]
+    "bv": (None, "tensor", None),                # [L, K, H]
+    "w_gate": (None, "fsdp", "tensor"),          # [L, D, F]
+    "w_up": (None, "fsdp", "tensor"),            # [L, D, F]
+    "w_down": (None, "tensor", "fsdp"),          # [L, F, D]
+    "attn_norm": (None, None),                   # [L, D]
+    "mlp_norm": (None, None),                    # [L, D]
+    "q_norm": (None, None),                      # [L, H]
+    "k_norm": (None, None),                      # [L, H]
+    "final_norm": (None,),                       # [D]
+    "value_w": ("fsdp",),                        # [D]   critic value head (rl/value.py)
+    "value_b": (),                               # []
+}
+
+
+# ----------------------------------------------------------------------------- mesh
+
+
+def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1,
+              devices: Optional[Sequence[Any]] = None) -> Mesh:
+    """A ('data', 'fsdp', 'tensor') mesh over `devices` (default: all). One size may be -1: it
+    absorbs the devices the others leave."""
+    devices = list(jax.devices() if devices is None else devices)
+    n = len(devices)
+    sizes = [int(data), int(fsdp), int(tensor)]
+    if sum(s == -1 for s in sizes) > 1:
+        raise ValueError(f"at most one mesh axis may be -1, got data={data}, fsdp={fsdp}, "
+                         f"tensor={tensor}")
+    if any(s == 0 or s < -1 for s in sizes):
+        raise ValueError(f"mesh axis sizes must be positive or -1, got data={data}, "
+                         f"fsdp={fsdp}, tensor={tensor}")
+    if -1 in sizes:
+        known = int(np.prod([s for s in sizes if s != -1]))
+        if n % known:
+            raise ValueError(f"cannot size the -1 mesh axis: the other axes multiply to {known}, "
+                             f"which does not divide the {n} devices (data={data}, fsdp={fsdp}, "
+                             f"tensor={tensor})")
+        sizes[sizes.index(-1)] = n // known
+    if int(np.prod(sizes)) != n:
+        raise ValueError(f"mesh data={sizes[0]} x fsdp={sizes[1]} x tensor={sizes[2]} = "
+                         f"{int(np.prod(sizes))} devices, but {n} devices were given")
+    return Mesh(np.asarray(devices, dtype=object).reshape(sizes), AXES)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+# ----------------------------------------------------------------------------- params
+
+
+def _shape_of(leaf) -> tuple[int, ...]:
+    if isinstance(leaf, tuple):
+        return leaf
+    return tuple(leaf.shape) if hasattr(leaf, "shape") else tuple(np.shape(leaf))
+
+
+def _is_shape_tuple(x) -> bool:
+    return isinstance(x, tuple) and all(isinstance(d, (int, np.integer)) for d in x)
+
+
+def _kind(path) -> Optional[str]:
+    """The innermost dict key on a pytree path: the parameter kind."""
+    for entry in reversed(path):
+        if isinstance(entry, jax.tree_util.DictKey):
+            return str(entry.key)
+    return None
+
+
+def spec_for(mesh: Mesh, kind: Optional[str], shape: Sequence[int]) -> P:
+    """PartitionSpec for a parameter (or optimizer moment) of this kind and shape.
+
+    Unknown kinds, mismatched ranks and scalars are replicated; a dimension that does not
+    divide its mesh axis is replicated (e.g. 2 kv heads on tensor=4).
+    """
+    rule = PARAM_RULES.get(kind) if kind is not None else None
+    if rule is None or len(rule) != len(shape):
+        return P()
+    axes = []
+    for dim, axis in zip(shape, rule):
+        size = mesh.shape[axis] if axis is not None else 1
+        axes.append(axis if axis is not None and size > 1 and dim % size == 0 else None)
+    return P(*axes)
+
+
+def tree_shardings(mesh: Mesh, tree: Any) -> Any:
+    """NamedShardings for any pytree holding parameters: params, an optax state, a TrainState.
+
+    Leaves are matched to the rule table by the innermost dict key on their path and their shape,
+    so Adam's mu/nu (same path suffix and shape as the parameter) follow the parameter's
+    sharding while counters, scalars and rng keys are replicated. Leaves may be arrays,
+    ShapeDtypeStructs or shape tuples (as in `models.param_shapes`).
+    """
+    def one(path, leaf):
+        return NamedSharding(mesh, spec_for(mesh, _kind(path), _shape_of(leaf)))
+
+    return jax.tree_util.tree_map_with_path(one, tree, is_leaf=_is_shape_tuple)
+
+
+def param_shardings(mesh: Mesh, params_or_shapes: Any) -> Any:
+    """NamedShardings of the params pytree (arrays, ShapeDtypeStructs or shape tuples)."""
+    return tree_shardings(mesh, params_or_shapes)
+
+
+def shard_params_init(init_fn: Callable[..., Any], mesh: Mesh, *args) -> Any:
+    """Run `init_fn(*args)` so that every output is born sharded on `mesh`.
+
+    jax.eval_shape gives the output shapes without allocating; the rule table turns them into
+    out_shardings of a jitted init, so no device ever holds the whole model.
+    """
+    shapes = jax.eval_shape(init_fn, *args)
+    return jax.jit(init_fn, out_shardings=tree_shardings(mesh, shapes))(*args)
+
+
+def shard_tree(mesh: Mesh, tree: Any) -> Any:
+    """Place an existing params / optimizer-state / train-state pytree onto `mesh` by the rules."""
+    return jax.device_put(tree, tree_shardings(mesh, tree))
+
+
+# ----------------------------------------------------------------------------- batch
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Rows (leading axis) split over data x fsdp; other axes replicated."""
+    return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+    return int(mesh.shape["data"] * mesh.shape["fsdp"])
+
+
+def check_batch_divisible(mesh: Mesh, batch: Any, micro_batches: int = 1) -> None:
+    """Clear error when the batch rows (per micro-batch) do not divide over data x fsdp."""
+    n = data_parallel_size(mesh)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
+        shape = _shape_of(leaf)
+        if not shape:
+            raise ValueError(f"batch leaf {jax.tree_util.keystr(path)} is a scalar; every batch "
+                             f"field needs a leading row axis to shard over data x fsdp")
+        rows = shape[0]
+        if rows % (n * micro_batches):
+            where = f" in each of {micro_batches} micro-batches" if micro_batches > 1 else ""
+            raise ValueError(
+                f"batch of {rows} rows (field {jax.tree_util.keystr(path)}){where} does not "
+                f"divide over the data x fsdp = {mesh.shape['data']} x {mesh.shape['fsdp']} = "
+                f"{n} data-parallel devices; use a multiple of {n * micro_batches} rows")
+
+
+def shard_batch(mesh: Mesh, batch: Any) -> Any:
+    """device_put every batch leaf with rows over data x fsdp (clear error if they don't divide)."""
+    check_batch_divisible(mesh, batch)
+    return jax.device_put(batch, batch_sharding(mesh))
+
+
+__all__ = [
+    "AXES", "BATCH_AXES", "PARAM_RULES", "make_mesh", "replicated", "spec_for", "tree_shardings",
+    "param_shardings", "shard_params_init", "shard_tree", "batch_sharding", "data_parallel_size",
+    "check_batch_divisible", "shard_batch",
+]

@@ -1,0 +1,260 @@
+"""GRPO / PPO update steps: micro-batch invariance, noise-scale inputs, skipping, PPO critic."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_scale import optim
+from jaxrl_scale.models import get_config, param_shapes
+from jaxrl_scale.rl import losses, steps
+from jaxrl_scale.rl.state import create_train_state
+from jaxrl_scale.rl.value import critic_values, init_critic_from_actor
+
+CFG = get_config("tiny")
+B, TP, R = 16, 4, 8
+LOSS_CFG = steps.LossConfig(temperature=0.7, clip_low=0.2, clip_high=0.28, dual_clip=3.0,
+                            kl_coef=0.1, entropy_coef=0.01, agg="token-mean")
+
+
+# XLA's CPU backend optimisations dominate compile time for these tiny graphs; the numbers
+# checked here do not depend on them.
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+def _copy(tree):
+    return jax.tree.map(jnp.copy, tree)
+
+
+def np_params(cfg, seed=0):
+    """init_params' distribution (N(0, 0.02), unit norms, zero biases) drawn with numpy: the
+    jitted threefry init alone takes longer to compile than these tests take to run."""
+    rng = np.random.default_rng(seed)
+
+    def make(path, shape):
+        name = str(path[-1].key)
+        if "norm" in name:
+            return jnp.ones(shape, jnp.float32)
+        if name.startswith("b"):
+            return jnp.zeros(shape, jnp.float32)
+        return jnp.asarray(0.02 * rng.normal(size=shape), jnp.float32)
+
+    return jax.tree_util.tree_map_with_path(
+        make, param_shapes(cfg), is_leaf=lambda x: isinstance(x, tuple))
+
+
+def make_arrays(seed=0, rows=B):
+    """Left-padded prompts of 1..TP tokens, responses of 1..R tokens (so rows differ in their
+    valid-token counts), behaviour log-probs near the tiny model's uniform -log V."""
+    rng = np.random.default_rng(seed)
+    plen = rng.integers(1, TP + 1, rows)
+    rlen = rng.integers(1, R + 1, rows)
+    rlen[0] = R
+    tokens = rng.integers(0, CFG.vocab_size, (rows, TP + R)).astype(np.int32)
+    prompt_valid = np.arange(TP)[None] >= TP - plen[:, None]
+    logp = -np.log(CFG.vocab_size) + 0.2 * rng.normal(size=(rows, R))
+    arr = steps.rollout_arrays(jnp.asarray(tokens[:, :TP]), jnp.asarray(prompt_valid),
+                               jnp.asarray(tokens[:, TP:]), jnp.asarray(logp, jnp.float32),
+                               jnp.asarray(rlen))
+    ref = arr["old_logp_BT"] + 0.1 * jnp.asarray(rng.normal(size=(rows, TP + R)), jnp.float32)
+    arr["ref_logp_BT"] = jnp.where(arr["loss_mask_BT"], ref, 0.0)
+    return arr, rng
+
+
+def make_grpo_batch(seed=0, rows=B):
+    arr, rng = make_arrays(seed, rows)
+    return steps.GRPOBatch(**arr, advantages=jnp.asarray(rng.normal(size=rows), jnp.float32))
+
+
+def make_ppo_batch(seed=0, rows=B):
+    arr, rng = make_arrays(seed, rows)
+    return steps.PPOBatch(**arr, rewards_B=jnp.asarray(rng.integers(0, 2, rows), jnp.float32))
+
+
+def tree_norm(t):
+    return float(jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(t))))
+
+
+def tree_diff(a, b):
+    return tree_norm(jax.tree.map(lambda x, y: x - y, a, b))
+
+
+HP = optim.AdamHParams(lr=1e-3)
+TX = optim.make_optimizer(HP, max_grad_norm=1.0)
+CTX = optim.make_optimizer(optim.AdamHParams(lr=1e-4))      # the critic's own optimizer
+LR_FN = functools.partial(optim.current_lr, HP, warmup_steps=0)
+
+
+def ppo_fn(M, states=None, mesh=None):
+    if mesh is None:
+        return _ppo_fn_cached(M)
+    return steps.make_train_step(steps.ppo_step, states, mesh=mesh,
+                                 compiler_options=FAST_COMPILE, cfg=CFG, actor_tx=TX,
+                                 critic_tx=CTX, loss_cfg=LOSS_CFG, micro_batches=M,
+                                 with_grads=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _ppo_fn_cached(M):
+    return steps.make_train_step(steps.ppo_step, donate=False, compiler_options=FAST_COMPILE,
+                                 cfg=CFG, actor_tx=TX, critic_tx=CTX, loss_cfg=LOSS_CFG,
+                                 micro_batches=M, with_grads=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _grpo_fn(M, **kw):
+    return steps.make_train_step(steps.grpo_step, donate=False, compiler_options=FAST_COMPILE,
+                                 cfg=CFG, tx=TX,
+                                 loss_cfg=LOSS_CFG, micro_batches=M, lr_fn=LR_FN,
+                                 with_grads=True, **kw)
+
+
+def run_grpo(params, batches, M, **kw):
+    state = create_train_state(_copy(params), TX, 0)
+    fn = _grpo_fn(M, **kw)
+    metrics = []
+    for batch in batches:
+        state, m = fn(state, batch)
+        metrics.append(m)
+    return state, metrics
+
+
+@pytest.fixture(scope="module")
+def params():
+    return np_params(CFG, 0)
+
+
+# ----------------------------------------------------------------------------- pure pieces
+
+
+@pytest.mark.parametrize("agg", losses.AGG_MODES)
+def test_token_weights_reproduce_aggregate(agg):
+    rng = np.random.default_rng(1)
+    mask = jnp.asarray(rng.random((6, 7)) < 0.5).at[2].set(False)   # an all-masked row
+    x = jnp.asarray(rng.normal(size=(6, 7)), jnp.float32)
+    w = steps.token_weights(mask, agg)
+    np.testing.assert_allclose(jnp.sum(x * w), losses.aggregate(x, mask, agg), rtol=1e-6)
+
+
+def test_final_token_rewards_and_rollout_arrays():
+    mask = jnp.array([[0, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]], jnp.float32)
+    r = steps.final_token_rewards(jnp.array([2.0, 5.0, -1.0]), mask)
+    np.testing.assert_array_equal(r, [[0, 0, 2, 0], [0, 0, 0, 0], [0, 0, 0, -1]])
+    arr = steps.rollout_arrays(jnp.array([[0, 7], [3, 4]]), jnp.array([[False, True], [True, True]]),
+                               jnp.array([[5, 6, 9], [8, 9, 9]]), jnp.full((2, 3), -1.0),
+                               jnp.array([2, 1]))
+    np.testing.assert_array_equal(arr["valid_BT"], [[0, 1, 1, 1, 0], [1, 1, 1, 0, 0]])
+    np.testing.assert_array_equal(arr["loss_mask_BT"], [[0, 0, 1, 1, 0], [0, 0, 1, 0, 0]])
+    np.testing.assert_array_equal(arr["old_logp_BT"], [[0, 0, -1, -1, 0], [0, 0, -1, 0, 0]])
+
+
+def test_critic_copies_trunk(params):
+    critic = init_critic_from_actor(params, jax.random.PRNGKey(1))
+    assert set(critic) == {"embed", "layers", "final_norm", "value_w", "value_b"}
+    np.testing.assert_array_equal(critic["layers"]["wq"], params["layers"]["wq"])
+    assert critic["embed"].unsafe_buffer_pointer() != params["embed"].unsafe_buffer_pointer()
+    assert critic["value_w"].shape == (CFG.hidden_size,) and critic["value_b"].shape == ()
+
+
+# ----------------------------------------------------------------------------- micro-batches
+
+
+def test_micro_batch_count_does_not_change_update(params):
+    batches = [make_grpo_batch(s) for s in range(3)]
+    runs = {M: run_grpo(params, batches, M) for M in (1, 2, 4, 8)}
+    state1, m1 = runs[1]
+    g1 = m1[0]["grads"]
+    update_norm = tree_diff(state1.params, params)
+    assert update_norm > 0
+    for M, (state, m) in runs.items():
+        assert m[0]["grad_sqnorm_micro"].shape == (M,)
+        np.testing.assert_allclose(m[0]["loss"], m1[0]["loss"], rtol=1e-5)
+        np.testing.assert_allclose(m[0]["pg_loss"], m1[0]["pg_loss"], rtol=1e-5)
+        for k in ("clipfrac", "approx_kl", "entropy", "kl"):
+            np.testing.assert_allclose(m[0][k], m1[0][k], rtol=1e-5, atol=1e-7)
+        assert tree_diff(m[0]["grads"], g1) <= 1e-5 * tree_norm(g1), M
+        assert tree_diff(state.params, state1.params) <= 1e-3 * update_norm, M
+        assert int(state.step) == 3
+    # The ratio differs from 1 and the clips are active, so the test exercises them.
+    assert float(m1[0]["clipfrac"]) > 0
+    np.testing.assert_allclose(m1[0]["lr"], HP.lr)
+    np.testing.assert_allclose(m1[0]["grad_sqnorm"], m1[0]["grad_norm"] ** 2, rtol=1e-5)
+
+
+def test_micro_batch_sqnorm_is_its_own_loss_gradient(params):
+    """grad_sqnorm_micro[m] = |grad of the loss micro-batch m would give on its own|^2."""
+    batch = make_grpo_batch(0)
+    _, (m4,) = run_grpo(params, [batch], 4)
+    # Micro-batch 1 holds rows 1, 5, 9, 13. Tiling them 4x keeps the token-mean loss (and its
+    # gradient) of that micro-batch alone, at the full batch shape (no new compile).
+    sub = jax.tree.map(lambda x: jnp.tile(x[1::4], (4,) + (1,) * (x.ndim - 1)), batch)
+    _, (m_sub,) = run_grpo(params, [sub], 1)
+    np.testing.assert_allclose(m4["grad_sqnorm_micro"][1], tree_norm(m_sub["grads"]) ** 2,
+                               rtol=1e-5)
+    np.testing.assert_allclose(m4["grad_sqnorm"], m4["grad_norm"] ** 2, rtol=1e-5)
+
+
+def test_nonfinite_gradient_skips_update(params):
+    batch = make_grpo_batch(0)
+    batch = batch.replace(advantages=batch.advantages.at[3].set(jnp.nan))
+    state, (m,) = run_grpo(params, [batch], 1)
+    assert int(m["nonfinite_count"]) == 1
+    assert not np.isfinite(float(m["grad_norm"]))
+    for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(params)):
+        np.testing.assert_array_equal(a, b)
+    # The next finite batch updates normally; the counter keeps the skipped one.
+    state, m = _grpo_fn(1)(state, make_grpo_batch(1))
+    assert int(m["nonfinite_count"]) == 1 and int(state.step) == 2
+    assert tree_diff(state.params, params) > 0
+
+
+def test_score_tokens_matches_step_logprobs(params):
+    """Behaviour log-probs scored at the sampler's temperature give ratio 1 (no clipping)."""
+    batch = make_grpo_batch(0)
+    logp = steps.score_tokens(CFG, params, batch.tokens_BT, batch.valid_BT,
+                              temperature=LOSS_CFG.temperature, micro_batches=2)
+    batch = batch.replace(old_logp_BT=jnp.where(batch.loss_mask_BT, logp, 0.0))
+    _, (m,) = run_grpo(params, [batch], 1)
+    np.testing.assert_allclose(m["ratio_mean"], 1.0, atol=1e-5)
+    assert float(m["clipfrac"]) == 0.0 and abs(float(m["approx_kl"])) < 1e-6
+
+
+def test_minibatches_and_epochs(params):
+    state, (m,) = run_grpo(params, [make_grpo_batch(0)], 1, num_minibatches=2, epochs=2)
+    assert int(state.step) == 4
+    assert m["loss"].shape == (4,) and m["grad_sqnorm_micro"].shape == (4, 1)
+    assert np.all(np.isfinite(m["loss"]))
+
+
+def test_bad_micro_batch_count(params):
+    with pytest.raises(ValueError, match="micro_batches=3"):
+        steps.grpo_grads(params, make_grpo_batch(0), cfg=CFG, loss_cfg=LOSS_CFG, micro_batches=3)
+
+
+# ----------------------------------------------------------------------------- PPO
+
+
+def test_ppo_step_micro_batch_invariant_and_updates_critic(params):
+    critic = init_critic_from_actor(params, jax.random.PRNGKey(1))
+    batch = make_ppo_batch(0)
+    out = {M: ppo_fn(M)(create_train_state(_copy(params), TX),
+                        create_train_state(_copy(critic), CTX), batch) for M in (1, 4)}
+    a1, c1, m1 = out[1]
+    a4, c4, m4 = out[4]
+    for k in ("actor_grads", "critic_grads"):
+        assert tree_diff(m4[k], m1[k]) <= 1e-5 * tree_norm(m1[k]), k
+    assert tree_norm(m1["critic_grads"]["layers"]) > 0       # the trunk learns through the head
+    np.testing.assert_allclose(m4["critic_loss"], m1["critic_loss"], rtol=1e-5)
+    np.testing.assert_allclose(m4["actor_loss"], m1["actor_loss"], rtol=1e-5)
+    for k in ("actor_grad_norm", "critic_grad_norm", "vf_clipfrac", "value_mean"):
+        assert np.isfinite(float(m1[k])), k
+    assert tree_diff(c4.params, c1.params) <= 1e-3 * tree_diff(c1.params, critic)
+    assert tree_diff(a4.params, a1.params) <= 1e-3 * tree_diff(a1.params, params)
+    # The critic moved towards the returns: its loss on the same batch fell.
+    def vloss(cp):
+        v = critic_values(CFG, cp, batch.tokens_BT, batch.valid_BT)[:, :-1]
+        adv = steps.ppo_advantages(CFG, critic, batch, LOSS_CFG)
+        return losses.value_loss(v, adv["values_BS"], adv["returns_BS"], adv["mask_BS"],
+                                 clip=None)[0]
+    assert float(vloss(c1.params)) < float(vloss(critic))
