@@ -8,12 +8,13 @@ from jax.sharding import PartitionSpec as P
 from jaxrl_scale import sharding as shd
 from jaxrl_scale.models import get_config, param_shapes
 from jaxrl_scale.rl import steps
-from jaxrl_scale.rl.state import create_train_state, init_train_state, shard_train_state
+from jaxrl_scale.rl.state import init_train_state, shard_train_state
 from jaxrl_scale.rl.value import init_critic_from_actor
 
 # The 1-device reference runs (and their compiled steps) are shared with test_steps.
-from test_steps import (CFG, CTX, FAST_COMPILE, LOSS_CFG, LR_FN, TX, _copy, make_grpo_batch,
-                        make_ppo_batch, np_params, ppo_fn, run_grpo, tree_diff, tree_norm)
+from test_steps import (CFG, CTX, FAST_COMPILE, LOSS_CFG, LR_FN, TX, make_grpo_batch,
+                        make_ppo_batch, new_state, np_params, ppo_fn, run_grpo, tree_diff,
+                        tree_norm)
 
 MESHES = {"data8": dict(data=8), "d2f2t2": dict(data=2, fsdp=2, tensor=2),
           "f4t2": dict(fsdp=4, tensor=2)}
@@ -90,7 +91,7 @@ def test_batch_not_divisible_gives_clear_error():
     batch = make_grpo_batch(0, rows=6)
     with pytest.raises(ValueError, match=r"6 rows .* 2 x 2 = 4 data-parallel devices"):
         shd.shard_batch(mesh, batch)
-    state = shard_train_state(mesh, create_train_state(np_params(CFG), TX))
+    state = shard_train_state(mesh, new_state(np_params(CFG)))
     fn = steps.make_train_step(steps.grpo_step, state, mesh=mesh, cfg=CFG, tx=TX,
                                loss_cfg=LOSS_CFG)
     with pytest.raises(ValueError, match="6 rows"):
@@ -116,7 +117,7 @@ def grpo_reference(params):
 def test_grpo_on_mesh_matches_one_device(params, grpo_reference, mesh_name):
     batches, ref_state, ref_metrics = grpo_reference
     mesh = shd.make_mesh(**MESHES[mesh_name])
-    state = shard_train_state(mesh, create_train_state(_copy(params), TX))
+    state = shard_train_state(mesh, new_state(params))
     fn = steps.make_train_step(steps.grpo_step, state, mesh=mesh, compiler_options=FAST_COMPILE,
                                cfg=CFG, tx=TX, loss_cfg=LOSS_CFG, micro_batches=2, lr_fn=LR_FN,
                                with_grads=True)
@@ -138,8 +139,7 @@ def test_grpo_on_mesh_matches_one_device(params, grpo_reference, mesh_name):
 def ppo_reference(params):
     critic = init_critic_from_actor(params, jax.random.PRNGKey(1))
     batch = make_ppo_batch(0)
-    out = ppo_fn(1)(create_train_state(_copy(params), TX),
-                    create_train_state(_copy(critic), CTX), batch)
+    out = ppo_fn(1)(new_state(params), new_state(critic, CTX), batch)
     return critic, batch, out
 
 
@@ -147,8 +147,8 @@ def ppo_reference(params):
 def test_ppo_on_mesh_matches_one_device(params, ppo_reference, mesh_name):
     critic, batch, (ref_actor, ref_critic, ref_m) = ppo_reference
     mesh = shd.make_mesh(**MESHES[mesh_name])
-    states = (shard_train_state(mesh, create_train_state(_copy(params), TX)),
-              shard_train_state(mesh, create_train_state(_copy(critic), CTX)))
+    states = (shard_train_state(mesh, new_state(params)),
+              shard_train_state(mesh, new_state(critic, CTX)))
     fn = ppo_fn(2, states=states, mesh=mesh)
     actor, critic_state, m = fn(*states, shd.shard_batch(mesh, batch))
     for k in ("actor_grads", "critic_grads"):

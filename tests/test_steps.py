@@ -1,4 +1,5 @@
 """GRPO / PPO update steps: micro-batch invariance, noise-scale inputs, skipping, PPO critic."""
+import dataclasses
 import functools
 
 import jax
@@ -18,13 +19,14 @@ LOSS_CFG = steps.LossConfig(temperature=0.7, clip_low=0.2, clip_high=0.28, dual_
                             kl_coef=0.1, entropy_coef=0.01, agg="token-mean")
 
 
-# XLA's CPU backend optimisations dominate compile time for these tiny graphs; the numbers
-# checked here do not depend on them.
-FAST_COMPILE = {"xla_backend_optimization_level": 0}
+# XLA's CPU backend optimisations and fusion emitters dominate compile time for these tiny
+# graphs (about 5x); the numbers checked here do not depend on them.
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 
 
 def _copy(tree):
-    return jax.tree.map(jnp.copy, tree)
+    """A fresh device copy (via the host: no per-shape eager compiles)."""
+    return jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), tree)
 
 
 def np_params(cfg, seed=0):
@@ -72,12 +74,13 @@ def make_ppo_batch(seed=0, rows=B):
     return steps.PPOBatch(**arr, rewards_B=jnp.asarray(rng.integers(0, 2, rows), jnp.float32))
 
 
-def tree_norm(t):
-    return float(jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(t))))
+def tree_norm(t):  # in numpy: eager jnp ops would compile once per leaf shape and sharding
+    return float(np.sqrt(sum(np.sum(np.square(np.asarray(x, np.float64)))
+                             for x in jax.tree_util.tree_leaves(t))))
 
 
 def tree_diff(a, b):
-    return tree_norm(jax.tree.map(lambda x, y: x - y, a, b))
+    return tree_norm(jax.tree.map(lambda x, y: np.asarray(x, np.float64) - np.asarray(y), a, b))
 
 
 HP = optim.AdamHParams(lr=1e-3)
@@ -110,8 +113,18 @@ def _grpo_fn(M, **kw):
                                  with_grads=True, **kw)
 
 
+def new_state(params, tx=None):
+    """create_train_state, jitted once per optimizer (tx.init eagerly compiles per leaf)."""
+    return _state_fn(TX if tx is None else tx)(_copy(params))
+
+
+@functools.lru_cache(maxsize=None)
+def _state_fn(tx):
+    return jax.jit(lambda p: create_train_state(p, tx, 0), compiler_options=FAST_COMPILE)
+
+
 def run_grpo(params, batches, M, **kw):
-    state = create_train_state(_copy(params), TX, 0)
+    state = new_state(params)
     fn = _grpo_fn(M, **kw)
     metrics = []
     for batch in batches:
@@ -141,7 +154,8 @@ def test_final_token_rewards_and_rollout_arrays():
     mask = jnp.array([[0, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]], jnp.float32)
     r = steps.final_token_rewards(jnp.array([2.0, 5.0, -1.0]), mask)
     np.testing.assert_array_equal(r, [[0, 0, 2, 0], [0, 0, 0, 0], [0, 0, 0, -1]])
-    arr = steps.rollout_arrays(jnp.array([[0, 7], [3, 4]]), jnp.array([[False, True], [True, True]]),
+    prompt_valid = jnp.array([[False, True], [True, True]])
+    arr = steps.rollout_arrays(jnp.array([[0, 7], [3, 4]]), prompt_valid,
                                jnp.array([[5, 6, 9], [8, 9, 9]]), jnp.full((2, 3), -1.0),
                                jnp.array([2, 1]))
     np.testing.assert_array_equal(arr["valid_BT"], [[0, 1, 1, 1, 0], [1, 1, 1, 0, 0]])
@@ -195,6 +209,26 @@ def test_micro_batch_sqnorm_is_its_own_loss_gradient(params):
     np.testing.assert_allclose(m4["grad_sqnorm"], m4["grad_norm"] ** 2, rtol=1e-5)
 
 
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "seq-mean-token-sum"])
+def test_seq_mean_modes_micro_batch_invariant(params, agg):
+    loss_cfg = dataclasses.replace(LOSS_CFG, agg=agg)
+    batch = make_grpo_batch(0)
+    batch = batch.replace(loss_mask_BT=batch.loss_mask_BT.at[5].set(False))   # an empty row
+
+    @functools.partial(jax.jit, static_argnums=2, compiler_options=FAST_COMPILE)
+    def grads(p, b, M):
+        return steps.grpo_grads(p, b, cfg=CFG, loss_cfg=loss_cfg, micro_batches=M)
+
+    g1, m1 = grads(params, batch, 1)
+    g4, m4 = grads(params, batch, 4)
+    assert tree_diff(g4, g1) <= 1e-5 * tree_norm(g1)
+    np.testing.assert_allclose(m4["loss"], m1["loss"], rtol=1e-5)
+    # Tiling micro-batch 1's rows keeps its seq-mean loss: its own gradient at full shape.
+    sub = jax.tree.map(lambda x: jnp.tile(x[1::4], (4,) + (1,) * (x.ndim - 1)), batch)
+    g_sub, _ = grads(params, sub, 1)
+    np.testing.assert_allclose(m4["grad_sqnorm_micro"][1], tree_norm(g_sub) ** 2, rtol=1e-5)
+
+
 def test_nonfinite_gradient_skips_update(params):
     batch = make_grpo_batch(0)
     batch = batch.replace(advantages=batch.advantages.at[3].set(jnp.nan))
@@ -227,9 +261,12 @@ def test_minibatches_and_epochs(params):
     assert np.all(np.isfinite(m["loss"]))
 
 
-def test_bad_micro_batch_count(params):
+def test_bad_micro_batch_count_and_missing_reference(params):
     with pytest.raises(ValueError, match="micro_batches=3"):
         steps.grpo_grads(params, make_grpo_batch(0), cfg=CFG, loss_cfg=LOSS_CFG, micro_batches=3)
+    with pytest.raises(ValueError, match="ref_logp_BT"):
+        steps.grpo_grads(params, make_grpo_batch(0).replace(ref_logp_BT=None), cfg=CFG,
+                         loss_cfg=LOSS_CFG)
 
 
 # ----------------------------------------------------------------------------- PPO
@@ -238,8 +275,7 @@ def test_bad_micro_batch_count(params):
 def test_ppo_step_micro_batch_invariant_and_updates_critic(params):
     critic = init_critic_from_actor(params, jax.random.PRNGKey(1))
     batch = make_ppo_batch(0)
-    out = {M: ppo_fn(M)(create_train_state(_copy(params), TX),
-                        create_train_state(_copy(critic), CTX), batch) for M in (1, 4)}
+    out = {M: ppo_fn(M)(new_state(params), new_state(critic, CTX), batch) for M in (1, 4)}
     a1, c1, m1 = out[1]
     a4, c4, m4 = out[4]
     for k in ("actor_grads", "critic_grads"):
@@ -252,9 +288,10 @@ def test_ppo_step_micro_batch_invariant_and_updates_critic(params):
     assert tree_diff(c4.params, c1.params) <= 1e-3 * tree_diff(c1.params, critic)
     assert tree_diff(a4.params, a1.params) <= 1e-3 * tree_diff(a1.params, params)
     # The critic moved towards the returns: its loss on the same batch fell.
-    def vloss(cp):
+    @functools.partial(jax.jit, compiler_options=FAST_COMPILE)
+    def vloss(cp, critic):
         v = critic_values(CFG, cp, batch.tokens_BT, batch.valid_BT)[:, :-1]
         adv = steps.ppo_advantages(CFG, critic, batch, LOSS_CFG)
         return losses.value_loss(v, adv["values_BS"], adv["returns_BS"], adv["mask_BS"],
                                  clip=None)[0]
-    assert float(vloss(c1.params)) < float(vloss(critic))
+    assert float(vloss(c1.params, critic)) < float(vloss(critic, critic))

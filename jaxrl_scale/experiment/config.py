@@ -7,6 +7,8 @@ import os
 from typing import Any
 
 ALGOS = ("grpo", "ppo")
+# The built-in CPU task: 2-digit addition and subtraction (answers of 1-3 characters).
+DEFAULT_TASK_KWARGS = {"digits": 2, "ops": "+-"}
 LR_RULES = ("fixed", "linear", "sqrt", "malladi")
 
 
@@ -19,8 +21,10 @@ class TrainConfig:
     # --- task / data
     task: str = "arithmetic"
     data_dir: str = "~/.cache/jaxrl_scale/data"
-    task_kwargs: dict = dataclasses.field(default_factory=dict)  # e.g. {"digits": 3}
-    max_prompt_len: int = 32
+    task_kwargs: dict = dataclasses.field(default_factory=lambda: dict(DEFAULT_TASK_KWARGS))
+    num_train_examples: int = 8000     # 0: the builder's default
+    num_test_examples: int = 500
+    max_prompt_len: int = 0            # 0: longest prompt in the data, rounded up to 8
     # --- model
     model: str = "rl_cpu"              # preset name, used when no checkpoint is given
     hf_checkpoint: str = ""            # HF directory (config.json + safetensors)
@@ -53,7 +57,7 @@ class TrainConfig:
     lam: float = 0.95
     vf_clip: float = 0.2
     # --- sampling
-    max_new_tokens: int = 8
+    max_new_tokens: int = 6
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0

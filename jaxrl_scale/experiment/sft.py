@@ -21,6 +21,8 @@ from tqdm.auto import tqdm
 
 from jaxrl_scale import checkpoint
 from jaxrl_scale.experiment.batching import pack_texts
+from jaxrl_scale.experiment.common import load_splits, prompt_length
+from jaxrl_scale.experiment.config import DEFAULT_TASK_KWARGS
 from jaxrl_scale.models import get_config, init_params, forward
 from jaxrl_scale.rl.losses import token_logprobs
 
@@ -28,7 +30,9 @@ from jaxrl_scale.rl.losses import token_logprobs
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
     task: str = "arithmetic"
-    task_kwargs: dict = dataclasses.field(default_factory=dict)
+    task_kwargs: dict = dataclasses.field(default_factory=lambda: dict(DEFAULT_TASK_KWARGS))
+    num_train_examples: int = 8000
+    num_test_examples: int = 500
     data_dir: str = "~/.cache/jaxrl_scale/data"
     model: str = "rl_cpu"
     fraction: float = 0.25          # share of the train split whose solutions we imitate
@@ -38,8 +42,8 @@ class SFTConfig:
     eval_every: int = 50
     eval_prompts: int = 256
     target_accuracy: float = 0.3    # stop here: leaves RL headroom
-    max_prompt_len: int = 32
-    max_new_tokens: int = 8
+    max_prompt_len: int = 0         # 0: automatic (longest prompt rounded up to 8)
+    max_new_tokens: int = 6
     seed: int = 0
     cache_dir: str = "~/.cache/jaxrl_scale/sft"
 
@@ -75,7 +79,7 @@ def greedy_accuracy(model_cfg, params, tokenizer, examples, reward_fn, *, max_ne
 
 def sft_warmstart(cfg: SFTConfig, *, progress: bool = True, force: bool = False):
     """Train (or reuse the cached) warm-start. Returns (checkpoint_dir, info dict)."""
-    from jaxrl_scale.data import load_task, reward_for_task
+    from jaxrl_scale.data import reward_for_task
     from jaxrl_scale.models.tokenizer import CharTokenizer
 
     out_dir = os.path.join(os.path.expanduser(cfg.cache_dir), f"{cfg.task}_{cfg.key()}")
@@ -85,11 +89,14 @@ def sft_warmstart(cfg: SFTConfig, *, progress: bool = True, force: bool = False)
             return os.path.join(out_dir, "params"), json.load(f)
 
     tok = CharTokenizer()
-    model_cfg = get_config(cfg.model, vocab_size=max(get_config(cfg.model).vocab_size,
-                                                     tok.vocab_size))
-    data_dir = os.path.expanduser(cfg.data_dir)
-    train = load_task(cfg.task, "train", data_dir=data_dir, seed=cfg.seed, **cfg.task_kwargs)
-    test = load_task(cfg.task, "test", data_dir=data_dir, seed=cfg.seed, **cfg.task_kwargs)
+    model_cfg = get_config(cfg.model)
+    if tok.vocab_size > model_cfg.vocab_size:
+        raise ValueError(f"SFTConfig.model: preset {cfg.model!r} has {model_cfg.vocab_size} "
+                         f"logits < {tok.vocab_size} character ids. Fix: pick a larger model.")
+    train, test = load_splits(cfg.task, cfg.task_kwargs, cfg.data_dir, cfg.num_train_examples,
+                              cfg.num_test_examples)
+    prompt_len = prompt_length(tok, [("train", train), ("test", test)], cfg.max_prompt_len,
+                               model_cfg.max_seq_len, "SFTConfig.max_prompt_len")
     n_train = max(cfg.batch_size, int(len(train) * cfg.fraction))
     train_rows = [train[i] for i in range(min(n_train, len(train)))]
     eval_rows = [test[i] for i in range(min(cfg.eval_prompts, len(test)))]
@@ -112,7 +119,7 @@ def sft_warmstart(cfg: SFTConfig, *, progress: bool = True, force: bool = False)
         idx = rng.integers(0, len(train_rows), cfg.batch_size)
         rows = [train_rows[i] for i in idx]
         batch = pack_texts(tok, [r["prompt"] for r in rows], [r["solution"] for r in rows],
-                           prompt_len=cfg.max_prompt_len, max_new_tokens=cfg.max_new_tokens)
+                           prompt_len=prompt_len, max_new_tokens=cfg.max_new_tokens)
         params, opt_state, loss = step(params, opt_state, batch)
         if it % cfg.eval_every == 0:
             acc = greedy_accuracy(model_cfg, params, tok, eval_rows, reward_fn,

@@ -28,6 +28,7 @@ from jaxrl_scale import optim
 from jaxrl_scale import sharding as shd
 from jaxrl_scale.checkpoint import Checkpointer, load_pytree
 from jaxrl_scale.experiment.batching import decode_responses, pack_sequences
+from jaxrl_scale.experiment.common import load_splits, prompt_length
 from jaxrl_scale.experiment.config import TrainConfig, validate, write_config
 from jaxrl_scale.experiment.metrics import MetricsLog
 from jaxrl_scale.models import get_config, init_params, load_hf
@@ -80,20 +81,21 @@ class Run:
         self.cfg = cfg
         self.mesh = shd.make_mesh(cfg.mesh_data, cfg.mesh_fsdp, cfg.mesh_tensor)
         self.tok = load_tokenizer(cfg.tokenizer)
-        from jaxrl_scale.data import PromptStream, load_task, reward_for_task
-        data_dir = os.path.expanduser(cfg.data_dir)
-        self.train_src = load_task(cfg.task, "train", data_dir=data_dir, seed=cfg.seed,
-                                   **cfg.task_kwargs)
-        self.test_src = load_task(cfg.task, "test", data_dir=data_dir, seed=cfg.seed,
-                                  **cfg.task_kwargs)
+        from jaxrl_scale.data import PromptStream, reward_for_task
+        self.train_src, self.test_src = load_splits(cfg.task, cfg.task_kwargs, cfg.data_dir,
+                                                    cfg.num_train_examples,
+                                                    cfg.num_test_examples)
         self.stream = PromptStream(self.train_src, cfg.prompts_per_step, cfg.seed)
         self.reward_fn = reward_for_task(cfg.task)
         self.model_cfg, params = _model(cfg, self.tok)
-        validate(cfg, data_parallel=shd.data_parallel_size(self.mesh),
+        self.prompt_len = prompt_length(
+            self.tok, [("train", self.train_src), ("test", self.test_src)], cfg.max_prompt_len,
+            self.model_cfg.max_seq_len, "TrainConfig.max_prompt_len")
+        validate(cfg.replace(max_prompt_len=self.prompt_len),
+                 data_parallel=shd.data_parallel_size(self.mesh),
                  model_max_seq_len=self.model_cfg.max_seq_len)
         self.eval_rows = [self.test_src[i] for i in range(min(cfg.eval_prompts,
                                                               len(self.test_src)))]
-        self._check_prompt_lengths()
 
         self.hp, tx, lr_fn = optimizer_for(cfg, cfg.base_lr)
         self.states = (shard_train_state(self.mesh, create_train_state(params, tx, cfg.seed)),)
@@ -117,7 +119,7 @@ class Run:
 
     def _dummy_batch(self):
         cfg = self.cfg
-        B, T = cfg.batch_train, cfg.max_prompt_len + cfg.max_new_tokens
+        B, T = cfg.batch_train, self.prompt_len + cfg.max_new_tokens
         z = dict(tokens_BT=np.zeros((B, T), np.int32), valid_BT=np.ones((B, T), bool),
                  loss_mask_BT=np.ones((B, T), bool), old_logp_BT=np.zeros((B, T), np.float32))
         if cfg.algo == "grpo":
@@ -144,17 +146,6 @@ class Run:
         if self.cfg.algo == "grpo":
             self.advantages(np.zeros((self.cfg.batch_train,), np.float32))
         return time.perf_counter() - t0
-
-    def _check_prompt_lengths(self):
-        limit = self.cfg.max_prompt_len
-        for name, src in (("train", self.train_src), ("test", self.test_src)):
-            for i in range(len(src)):
-                n = len(self.tok.encode(src[i]["prompt"]))
-                if n > limit:
-                    raise ValueError(
-                        f"TrainConfig.max_prompt_len: {name} example {i} has a {n}-token prompt "
-                        f"> {limit}. Fix: raise --max_prompt_len (model context "
-                        f"{self.model_cfg.max_seq_len}).")
 
     @property
     def params(self):
@@ -190,10 +181,10 @@ class Run:
         gen_s = time.perf_counter() - t0
 
         t1 = time.perf_counter()
-        packed = pack_sequences(prompts, tokens_BM, len_B, prompt_len=cfg.max_prompt_len,
+        packed = pack_sequences(prompts, tokens_BM, len_B, prompt_len=self.prompt_len,
                                 pad_id=self.tok.pad_id)
         old_logp_BT = np.zeros(packed["tokens_BT"].shape, np.float32)
-        old_logp_BT[:, cfg.max_prompt_len:] = np.where(packed["response_BT"][:, cfg.max_prompt_len:],
+        old_logp_BT[:, self.prompt_len:] = np.where(packed["response_BT"][:, self.prompt_len:],
                                                        logp_BM, 0.0)
         groups_PG = rewards_B.reshape(-1, G)
         zero_var_P = groups_PG.max(1) == groups_PG.min(1)

@@ -29,14 +29,17 @@ from jaxrl_scale.rl.steps import (  # noqa: F401
     grpo_grads,
     grpo_step,
     make_train_step,
-    policy_grads,
     ppo_advantages,
     ppo_step,
     rollout_arrays,
     score_tokens,
     token_weights,
 )
-from jaxrl_scale.rl.value import critic_values, init_critic_from_actor, init_value_head  # noqa: F401
+from jaxrl_scale.rl.value import (  # noqa: F401
+    critic_values,
+    init_critic_from_actor,
+    init_value_head,
+)
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "AGG_MODES", "KL_KINDS",
@@ -44,7 +47,7 @@ __all__ = [
     "value_loss", "entropy_from_logits", "token_logprobs",
     "TrainState", "create_train_state", "init_train_state", "shard_train_state",
     "state_shardings",
-    "LossConfig", "GRPOBatch", "PPOBatch", "rollout_arrays", "token_weights", "policy_grads",
+    "LossConfig", "GRPOBatch", "PPOBatch", "rollout_arrays", "token_weights",
     "grpo_grads", "grpo_step", "score_tokens", "final_token_rewards", "ppo_advantages",
     "ppo_step", "make_train_step",
     "critic_values", "init_critic_from_actor", "init_value_head",

@@ -251,7 +251,10 @@ def _action_frame(x_BT: Array) -> Array:
     return x_BT[:, 1:]
 
 
-def _actor_data(batch, advantages_BS: Array) -> dict[str, Array]:
+def _actor_data(batch, advantages_BS: Array, loss_cfg: LossConfig) -> dict[str, Array]:
+    if loss_cfg.kl_coef and batch.ref_logp_BT is None:
+        raise ValueError(f"LossConfig.kl_coef={loss_cfg.kl_coef} needs the reference policy's "
+                         f"log-probs in batch.ref_logp_BT (see steps.score_tokens)")
     data = dict(tokens_BT=jnp.asarray(batch.tokens_BT, jnp.int32),
                 valid_BT=jnp.asarray(batch.valid_BT, bool),
                 mask_BS=_f32(_action_frame(batch.loss_mask_BT)),
@@ -300,8 +303,7 @@ def _actor_loss_fn(cfg: ModelConfig, loss_cfg: LossConfig, remat: bool, global_d
                 loss = loss + lc.kl_coef * jnp.sum(kl_BS * w_BS)
             token_sums["kl"] = jnp.sum(sg(kl_BS) * mask_BS)
         additive["loss"] = sg(loss)
-        row_scale_B, local_denom = _norm_parts(mask_BS, lc.agg)
-        del row_scale_B
+        _, local_denom = _norm_parts(mask_BS, lc.agg)
         scale = global_denom / local_denom
         return loss, (additive, token_sums, scale)
 
@@ -317,7 +319,7 @@ def _finish(additive, token_sums, n_tok, sq_M, grads):
     return metrics
 
 
-def policy_grads(params: Any, data: dict[str, Array], *, cfg: ModelConfig,
+def _policy_grads(params: Any, data: dict[str, Array], *, cfg: ModelConfig,
                  loss_cfg: LossConfig, micro_batches: int = 1, remat: bool = False):
     """Gradients (float32) and metrics of the policy loss over one update batch (action frame)."""
     row_scale_B, denom = _norm_parts(data["mask_BS"], loss_cfg.agg)
@@ -330,14 +332,14 @@ def policy_grads(params: Any, data: dict[str, Array], *, cfg: ModelConfig,
 def grpo_grads(params: Any, batch: GRPOBatch, *, cfg: ModelConfig, loss_cfg: LossConfig,
                micro_batches: int = 1, remat: bool = False):
     """(grads, metrics) of the GRPO loss on the whole batch, accumulated over micro-batches."""
-    data = _actor_data(batch, _grpo_advantages_BS(batch))
-    return policy_grads(params, data, cfg=cfg, loss_cfg=loss_cfg, micro_batches=micro_batches,
+    data = _actor_data(batch, _grpo_advantages_BS(batch), loss_cfg)
+    return _policy_grads(params, data, cfg=cfg, loss_cfg=loss_cfg, micro_batches=micro_batches,
                         remat=remat)
 
 
 def _policy_update(state, data, *, cfg, tx, loss_cfg, micro_batches, remat, lr_fn,
                    with_grads=False):
-    grads, metrics = policy_grads(state.params, data, cfg=cfg, loss_cfg=loss_cfg,
+    grads, metrics = _policy_grads(state.params, data, cfg=cfg, loss_cfg=loss_cfg,
                                   micro_batches=micro_batches, remat=remat)
     state, opt_metrics = apply_grads(state, grads, tx, lr_fn)
     metrics.update(opt_metrics)
@@ -350,7 +352,7 @@ def grpo_step(state: TrainState, batch: GRPOBatch, *, cfg: ModelConfig,
               tx: optax.GradientTransformation, loss_cfg: LossConfig = LossConfig(),
               micro_batches: int = 1, num_minibatches: int = 1, epochs: int = 1,
               remat: bool = False, lr_fn: Optional[Callable] = None, with_grads: bool = False):
-    """One GRPO (or any outcome-advantage policy-gradient) update: (state, batch) -> (state, metrics).
+    """One GRPO (or other outcome-advantage) policy update: (state, batch) -> (state, metrics).
 
     Clipped surrogate (PPO clip with clip-higher and dual clip), optional KL to the frozen
     reference whose log-probs are in batch.ref_logp_BT, optional entropy bonus, aggregated by
@@ -359,7 +361,7 @@ def grpo_step(state: TrainState, batch: GRPOBatch, *, cfg: ModelConfig,
     warmup_steps=...)) adds the lr used to the metrics; with_grads=True adds the pre-clip
     float32 gradient pytree as metrics["grads"].
     """
-    data = _actor_data(batch, _grpo_advantages_BS(batch))
+    data = _actor_data(batch, _grpo_advantages_BS(batch), loss_cfg)
     update = functools.partial(_policy_update, cfg=cfg, tx=tx, loss_cfg=loss_cfg,
                                micro_batches=micro_batches, remat=remat, lr_fn=lr_fn,
                                with_grads=with_grads)
@@ -471,7 +473,7 @@ def ppo_step(actor_state: TrainState, critic_state: TrainState, batch: PPOBatch,
     Returns (actor_state, critic_state, metrics).
     """
     gae_out = ppo_advantages(cfg, critic_state.params, batch, loss_cfg, micro_batches)
-    actor_data = _actor_data(batch, gae_out["advantages_BS"])
+    actor_data = _actor_data(batch, gae_out["advantages_BS"], loss_cfg)
     critic_data = dict(tokens_BT=actor_data["tokens_BT"], valid_BT=actor_data["valid_BT"],
                        mask_BS=gae_out["mask_BS"], old_values_BS=gae_out["values_BS"],
                        returns_BS=gae_out["returns_BS"])
@@ -542,6 +544,6 @@ def make_train_step(step_fn: Callable, states: TrainState | tuple[TrainState, ..
 
 __all__ = [
     "LossConfig", "GRPOBatch", "PPOBatch", "rollout_arrays", "token_weights", "accumulate_grads",
-    "apply_grads", "policy_grads", "grpo_grads", "grpo_step", "score_tokens",
+    "apply_grads", "grpo_grads", "grpo_step", "score_tokens",
     "final_token_rewards", "ppo_advantages", "ppo_step", "make_train_step",
 ]

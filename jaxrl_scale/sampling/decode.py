@@ -11,6 +11,12 @@ function (so there is nothing to donate and XLA updates it in place across loop 
 prompt block minus its last column is prefilled with one `extend` call whose logits are dead
 code, then every loop step feeds one token (the last prompt token first), samples from its
 logits and stops when every row has emitted EOS or N tokens exist (gemma sampler shape).
+
+The loop step is `decode_step`, not `extend`: the decoder's own layer function with a
+one-query attention over a per-layer [B, K, S, H] cache, and weights sliced out of the stacked
+[L, ...] params once per call instead of once per step. On CPU (`small`, B=64) that removes a
+full weight copy and a transpose of every layer's cache per step; tests check it equals
+`extend` to 1e-5.
 """
 from __future__ import annotations
 

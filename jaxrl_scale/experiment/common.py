@@ -1,0 +1,42 @@
+"""Task loading shared by the SFT warm-start and RL runs (they must see the same task)."""
+from __future__ import annotations
+
+import os
+
+
+def load_splits(task: str, task_kwargs: dict, data_dir: str, num_train: int = 0,
+                num_test: int = 0):
+    """(train, test) data sources. The dataset seed is task_kwargs.get("seed", 0), not the run
+    seed: every run of a sweep sees the same problems (in a seed-dependent order)."""
+    from jaxrl_scale.data import load_task
+    kw = dict(task_kwargs)
+    seed = int(kw.pop("seed", 0))
+    data_dir = os.path.expanduser(data_dir)
+    train = load_task(task, "train", data_dir=data_dir, seed=seed,
+                      num_examples=num_train or None, **kw)
+    test = load_task(task, "test", data_dir=data_dir, seed=seed,
+                     num_examples=num_test or None, **kw)
+    return train, test
+
+
+def prompt_length(tokenizer, sources, max_prompt_len: int, context: int, field: str) -> int:
+    """Token length every prompt is left-padded to.
+
+    max_prompt_len = 0 picks the longest prompt in `sources` rounded up to a multiple of 8;
+    a positive value is checked against every prompt. Either way the result must fit the
+    model context (checked by the caller with max_new_tokens).
+    """
+    longest, where = 0, None
+    for name, src in sources:
+        for i in range(len(src)):
+            n = len(tokenizer.encode(src[i]["prompt"]))
+            if n > longest:
+                longest, where = n, (name, i)
+    if max_prompt_len <= 0:
+        return -(-longest // 8) * 8
+    if longest > max_prompt_len:
+        raise ValueError(
+            f"{field}: {where[0]} example {where[1]} has a {longest}-token prompt > "
+            f"{max_prompt_len}. Fix: raise --max_prompt_len (or 0 for automatic); "
+            f"the model context is {context} tokens.")
+    return max_prompt_len

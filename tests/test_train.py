@@ -1,0 +1,180 @@
+"""End-to-end training loop: learning, kill-and-resume, accounting, configuration errors."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_scale.experiment.config import TrainConfig, validate
+from jaxrl_scale.experiment.train import Run, run_training
+from jaxrl_scale.models import get_config, init_params
+from jaxrl_scale.optim import AdamHParams, make_optimizer
+from jaxrl_scale.rl.losses import group_advantages
+from jaxrl_scale.rl.state import create_train_state
+from jaxrl_scale.rl.steps import GRPOBatch, LossConfig, grpo_step
+from jaxrl_scale.sampling import generate
+
+TIME_KEYS = {"time_s", "gen_s", "train_s", "eval_s", "compile_s"}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("data"))
+
+
+def tiny_cfg(run_dir, data_dir, **kw):
+    base = dict(run_dir=str(run_dir), data_dir=data_dir, model="tiny",
+                num_train_examples=200, num_test_examples=32, prompts_per_step=4, group_size=4,
+                max_new_tokens=4, eval_every=2, eval_prompts=8, eval_samples=2,
+                checkpoint_every=2, max_steps=6, base_lr=1e-3, base_batch=16)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _records(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(l) for l in f]
+
+
+def _strip_times(recs):
+    return [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in recs]
+
+
+def test_grpo_learns_a_trivial_reward():
+    """Reward = share of response tokens equal to token 7; GRPO must raise it quickly."""
+    cfg = get_config("tiny")
+    params = init_params(cfg, 0)
+    tx = make_optimizer(AdamHParams(lr=3e-3), max_grad_norm=1.0)
+    state = create_train_state(params, tx, 0)
+    step = jax.jit(lambda s, b: grpo_step(s, b, cfg=cfg, tx=tx, loss_cfg=LossConfig()))
+    prompts = [[3, 4, 5]] * 8 + [[6, 5]] * 8
+    P, M = 3, 6
+    means = []
+    for it in range(25):
+        out = generate(cfg, state.params, prompts, max_new_tokens=M, temperature=1.0,
+                       eos_id=None, pad_id=0, seed=it)
+        toks = np.asarray(out.tokens)
+        rewards = (toks == 7).mean(1).astype(np.float32)
+        means.append(rewards.mean())
+        tokens_BT = np.zeros((16, P + M), np.int32)
+        valid_BT = np.zeros((16, P + M), bool)
+        for i, p in enumerate(prompts):
+            tokens_BT[i, P - len(p):P] = p
+            valid_BT[i, P - len(p):P] = True
+        tokens_BT[:, P:] = toks
+        valid_BT[:, P:] = True
+        loss_mask = np.zeros_like(valid_BT)
+        loss_mask[:, P:] = True
+        old = np.zeros((16, P + M), np.float32)
+        old[:, P:] = np.asarray(out.logprobs)
+        adv = np.asarray(group_advantages(jnp.asarray(rewards), 8))
+        state, m = step(state, GRPOBatch(tokens_BT=tokens_BT, valid_BT=valid_BT,
+                                         loss_mask_BT=loss_mask, old_logp_BT=old,
+                                         advantages=adv))
+    assert np.mean(means[-5:]) > np.mean(means[:5]) + 0.2, means
+
+
+def test_zero_variance_filter_accounting(tmp_path, data_dir):
+    # A random policy never answers correctly: every group has zero reward variance.
+    cfg = tiny_cfg(tmp_path / "run", data_dir, filter_zero_variance=True, max_steps=2)
+    out = run_training(cfg, progress=False)
+    recs = [r for r in _records(cfg.run_dir) if "score" not in r]
+    assert out["finished"]
+    assert [r["responses_generated"] for r in recs] == [16, 32]
+    assert all(r["responses"] == 0 and r["retained"] == 0 for r in recs)
+    assert all(r["zero_var_groups"] == 4 for r in recs)
+    # Without the filter the same responses are retained.
+    cfg2 = tiny_cfg(tmp_path / "run2", data_dir, filter_zero_variance=False, max_steps=2)
+    run_training(cfg2, progress=False)
+    recs2 = [r for r in _records(cfg2.run_dir) if "score" not in r]
+    assert [r["responses"] for r in recs2] == [16, 32]
+
+
+_CHILD = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    from test_train import tiny_cfg
+    from jaxrl_scale.experiment.train import run_training
+    run_training(tiny_cfg({run_dir!r}, {data_dir!r}), progress=False)
+""")
+
+
+def test_sigkill_and_resume_matches_uninterrupted(tmp_path, data_dir):
+    ref = tiny_cfg(tmp_path / "ref", data_dir)
+    run_training(ref, progress=False)
+    run_dir = str(tmp_path / "killed")
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    child = subprocess.Popen([sys.executable, "-c", _CHILD.format(
+        tests=os.path.dirname(__file__), run_dir=run_dir, data_dir=data_dir)], env=env)
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline:  # kill once step 3 is logged: checkpoint 2 exists
+            if os.path.exists(metrics) and any(
+                    r.get("step", 0) >= 3 for r in _records(run_dir)):
+                break
+            if child.poll() is not None:
+                pytest.fail("child finished before it could be killed")
+            time.sleep(0.05)
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait()
+    assert not os.path.exists(os.path.join(run_dir, "DONE.json"))
+    out = run_training(tiny_cfg(run_dir, data_dir), progress=False)  # resume
+    assert out["finished"] and out["step"] == 6
+    recs, ref_recs = _records(run_dir), _records(ref.run_dir)
+    steps = [(r["step"], "score" in r) for r in recs]
+    assert len(steps) == len(set(steps)), "duplicate records after resume"
+    assert _strip_times(recs) == _strip_times(ref_recs)
+    # Params: restore both final checkpoints and compare exactly.
+    from jaxrl_scale.checkpoint import Checkpointer
+    like = Run(ref).states
+    a, _ = Checkpointer(os.path.join(ref.run_dir, "checkpoints")).restore(None, like)
+    b, _ = Checkpointer(os.path.join(run_dir, "checkpoints")).restore(None, like)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_ppo_runs_and_logs_critic(tmp_path, data_dir):
+    cfg = tiny_cfg(tmp_path / "ppo", data_dir, algo="ppo", group_size=1, prompts_per_step=8,
+                   max_steps=2)
+    run_training(cfg, progress=False)
+    rec = [r for r in _records(cfg.run_dir) if "score" not in r][-1]
+    assert rec["critic_grad_norm"] > 0 and "actor_grad_norm" in rec
+    assert rec["batch_train"] == 8
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(algo="grpo", group_size=1), "group_size"),
+    (dict(base_lr=0.0), "base_lr"),
+    (dict(base_lr=-1e-4), "base_lr"),
+    (dict(eval_every=0), "eval_every"),
+    (dict(task="math_jsonl", task_kwargs={"manual_dir": "/no/such/dir"}), "manual_dir"),
+    (dict(lr_rule="cubic"), "lr_rule"),
+])
+def test_bad_config_names_the_field(tmp_path, data_dir, kw, field):
+    with pytest.raises(ValueError, match=field):
+        validate(tiny_cfg(tmp_path, data_dir, **kw))
+
+
+def test_batch_not_divisible_over_data_parallel(tmp_path, data_dir):
+    cfg = tiny_cfg(tmp_path, data_dir, prompts_per_step=3, group_size=2)
+    with pytest.raises(ValueError, match=r"6 responses.*8 data-parallel"):
+        validate(cfg, data_parallel=8)
+    with pytest.raises(ValueError, match="data-parallel"):
+        Run(cfg.replace(mesh_data=-1))  # 8 fake devices
+
+
+def test_prompt_longer_than_context(tmp_path, data_dir):
+    with pytest.raises(ValueError, match="max_prompt_len"):
+        Run(tiny_cfg(tmp_path, data_dir, max_prompt_len=3))
+    with pytest.raises(ValueError, match="context"):
+        Run(tiny_cfg(tmp_path, data_dir, max_prompt_len=8, max_new_tokens=250))
