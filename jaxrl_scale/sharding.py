@@ -31,6 +31,7 @@ PARAM_RULES: dict[str, tuple[Optional[str], ...]] = {
     "wv": (None, "fsdp", "tensor", None),        # [L, D, K, H]
     "wo": (None, "tensor", None, "fsdp"),        # [L, N, H, D]
     "bq": (None, "tensor", None),                # [L, N, H]
+    "bo": (None, None),                          # [L, D]
     "bk": (None, "tensor", None),                # [L, K, H]
     "bv": (None, "tensor", None),                # [L, K, H]
     "w_gate": (None, "fsdp", "tensor"),          # [L, D, F]

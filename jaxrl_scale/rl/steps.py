@@ -320,7 +320,7 @@ def _finish(additive, token_sums, n_tok, sq_M, grads):
 
 
 def _policy_grads(params: Any, data: dict[str, Array], *, cfg: ModelConfig,
-                 loss_cfg: LossConfig, micro_batches: int = 1, remat: bool = False):
+                  loss_cfg: LossConfig, micro_batches: int = 1, remat: bool = False):
     """Gradients (float32) and metrics of the policy loss over one update batch (action frame)."""
     row_scale_B, denom = _norm_parts(data["mask_BS"], loss_cfg.agg)
     data = dict(data, w_BS=data["mask_BS"] * row_scale_B[:, None] / denom)
@@ -334,13 +334,13 @@ def grpo_grads(params: Any, batch: GRPOBatch, *, cfg: ModelConfig, loss_cfg: Los
     """(grads, metrics) of the GRPO loss on the whole batch, accumulated over micro-batches."""
     data = _actor_data(batch, _grpo_advantages_BS(batch), loss_cfg)
     return _policy_grads(params, data, cfg=cfg, loss_cfg=loss_cfg, micro_batches=micro_batches,
-                        remat=remat)
+                         remat=remat)
 
 
 def _policy_update(state, data, *, cfg, tx, loss_cfg, micro_batches, remat, lr_fn,
                    with_grads=False):
     grads, metrics = _policy_grads(state.params, data, cfg=cfg, loss_cfg=loss_cfg,
-                                  micro_batches=micro_batches, remat=remat)
+                                   micro_batches=micro_batches, remat=remat)
     state, opt_metrics = apply_grads(state, grads, tx, lr_fn)
     metrics.update(opt_metrics)
     if with_grads:
