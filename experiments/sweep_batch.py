@@ -25,7 +25,10 @@ _S = SweepConfig()
 # Fields the sweep sets per run; every other TrainConfig field is a flag for the base config.
 _PER_RUN = ("run_dir", "algo", "prompts_per_step", "group_size", "lr_rule", "seed", "target",
             "target_margin", "max_responses")
-flagdefs.define_from_dataclass(TrainConfig, skip=_PER_RUN)
+# base_lr is the lr at the reference (smallest) batch of the grid; 256 eval prompts x 4 samples
+# keep the eval noise near +-0.015 so N* is not decided by noise.
+flagdefs.define_from_dataclass(TrainConfig, skip=_PER_RUN,
+                               overrides={"base_lr": 1e-4, "eval_prompts": 256})
 flags.DEFINE_string("sweep_dir", _S.sweep_dir, "Where the runs and the report go.")
 flags.DEFINE_list("algos", list(_S.algos), "grpo and/or ppo.")
 flags.DEFINE_list("prompts", [str(p) for p in _S.prompts], "Prompt batch sizes P.")
@@ -37,7 +40,7 @@ flags.DEFINE_integer("base_group", _S.base_group, "Reference G (0: smallest).")
 flags.DEFINE_integer("max_responses", _S.max_responses, "Response budget per run.")
 flags.DEFINE_integer("eval_every_responses", _S.eval_every_responses,
                      "Evaluate about every this many retained responses.")
-flags.DEFINE_float("target", 0.5, "Validation score J*: runs stop at N*(1+margin).")
+flags.DEFINE_float("target", 0.30, "Validation score J*: runs stop at N*(1+margin).")
 flags.DEFINE_float("target_margin", _S.target_margin, "Keep training this far past N*.")
 flags.DEFINE_bool("warmstart", True, "Start every run from the cached SFT warm-start.")
 flags.DEFINE_float("warmstart_accuracy", SFTConfig.target_accuracy,

@@ -103,7 +103,7 @@ def sft_warmstart(cfg: SFTConfig, *, progress: bool = True, force: bool = False)
     reward_fn = reward_for_task(cfg.task)
 
     params = init_params(model_cfg, cfg.seed)
-    tx = optax.adamw(cfg.lr, weight_decay=0.0)
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(cfg.lr))
     opt_state = tx.init(params)
 
     @jax.jit

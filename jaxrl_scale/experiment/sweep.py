@@ -33,8 +33,8 @@ class SweepConfig:
     seeds: tuple[int, ...] = (0,)
     base_prompts: int = 0              # 0: smallest P of the grid
     base_group: int = 0                # 0: smallest G of the grid
-    max_responses: int = 6144          # response budget per run
-    eval_every_responses: int = 256    # evals at (about) the same N for every batch
+    max_responses: int = 8192          # response budget per run
+    eval_every_responses: int = 512    # evals at (about) the same N for every batch
     target: float = 0.0                # 0: no early stop at a target
     target_margin: float = 0.25
     analysis_target: float = 0.0       # 0: use `target`; else analyse at this score

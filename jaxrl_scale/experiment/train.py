@@ -295,8 +295,11 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
         return c["reached_at"] is not None and \
             c["responses"] >= c["reached_at"] * (1.0 + cfg.target_margin)
 
-    bar = tqdm(total=cfg.max_steps, initial=counters["step"], disable=not progress,
-               desc=os.path.basename(os.path.normpath(cfg.run_dir)), unit="step")
+    by_responses = bool(cfg.max_responses)  # budgeted runs show responses, others steps
+    bar = tqdm(total=cfg.max_responses if by_responses else cfg.max_steps,
+               initial=counters["responses" if by_responses else "step"],
+               disable=not progress, desc=os.path.basename(os.path.normpath(cfg.run_dir)),
+               unit="resp" if by_responses else "step", leave=False)
     last_score, steps_this_call = None, 0
     while not finished():
         if stop_after_steps is not None and steps_this_call >= stop_after_steps:
@@ -323,7 +326,7 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
         if step % cfg.checkpoint_every == 0:
             save()
         steps_this_call += 1
-        bar.update(1)
+        bar.update(rec["retained"] if by_responses else 1)
         resp_s = counters["responses"] / max(counters["time_s"], 1e-9)
         bar.set_postfix(resp_s=f"{resp_s:.0f}", reward=f"{rec['reward_mean']:.3f}",
                         score="-" if last_score is None else f"{last_score:.3f}")
