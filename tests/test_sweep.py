@@ -25,7 +25,7 @@ def test_plan_grid_and_lr_rules():
     assert "grpo_P4_G8_fixed_s0" not in names and "grpo_P16_G8_fixed_s1" in names
     assert {r.base_batch for r in runs} == {32}
     r = next(r for r in runs if r.prompts_per_step == 16)
-    assert r.batch_train == 128 and r.eval_every == max(1, 256 // 128)
+    assert r.batch_train == 128 and r.eval_every == sweep.eval_every_responses // 128
 
 
 def test_sweep_resume_skips_finished_runs(tmp_path, monkeypatch):

@@ -1,19 +1,6 @@
 """RL core: advantages and losses (`rl.losses`), train state (`rl.state`), the critic's value
 head (`rl.value`) and the sharded, micro-batched GRPO / PPO update steps (`rl.steps`)."""
-from jaxrl_scale.rl.losses import (  # noqa: F401
-    ADVANTAGE_ESTIMATORS,
-    AGG_MODES,
-    KL_KINDS,
-    aggregate,
-    entropy_from_logits,
-    gae,
-    group_advantages,
-    kl_penalty,
-    masked_whiten,
-    policy_loss,
-    token_logprobs,
-    value_loss,
-)
+from jaxrl_scale.rl.losses import *  # noqa: F401,F403
 from jaxrl_scale.rl.state import (  # noqa: F401
     TrainState,
     create_train_state,
