@@ -4,7 +4,5 @@ from jaxrl_scale.models.decoder import (
     KVCache, Params, extend, forward, hidden_states, init_cache, init_params,
     logits_from_hidden, param_shapes, positions_from_valid)
 
-try:  # hf.py lands separately; keep the core importable meanwhile
-    from jaxrl_scale.models.hf import load_hf, save_hf, config_from_hf, config_to_hf
-except ImportError:  # pragma: no cover
-    pass
+from jaxrl_scale.models.hf import load_hf, save_hf, config_from_hf, config_to_hf
+from jaxrl_scale.models.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, load_tokenizer
