@@ -159,6 +159,13 @@ class _TaskBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         for i, ex in enumerate(self._examples(split)):
             yield i, {**ex, "id": i}
 
+    def _sample_split(self, task: str, make, split: str) -> list[dict[str, Any]]:
+        """`split`'s examples from the generator `make(rng)`, sized and seeded by the config."""
+        c = self.builder_config
+        return _tasks.sample_split(task, make, split=split,
+                                   n=getattr(c, self.NUM_EXAMPLES_FIELD[split]), seed=c.seed,
+                                   test_fraction=c.test_fraction)
+
 
 @dataclasses.dataclass
 class ArithmeticConfig(tfds.core.BuilderConfig):
@@ -199,16 +206,8 @@ class Arithmetic(_TaskBuilder, skip_registration=True):
                 )
 
     def _examples(self, split: str) -> list[dict[str, Any]]:
-        c = self.builder_config
         spec = self._spec()
-        return _tasks.sample_split(
-            "arithmetic",
-            lambda rng: _tasks.arithmetic_problem(rng, spec),
-            split=split,
-            n=getattr(c, self.NUM_EXAMPLES_FIELD[split]),
-            seed=c.seed,
-            test_fraction=c.test_fraction,
-        )
+        return self._sample_split("arithmetic", lambda rng: _tasks.arithmetic_problem(rng, spec), split)
 
 
 @dataclasses.dataclass
@@ -251,16 +250,8 @@ class Countdown(_TaskBuilder, skip_registration=True):
         self._spec().validate()
 
     def _examples(self, split: str) -> list[dict[str, Any]]:
-        c = self.builder_config
         spec = self._spec()
-        return _tasks.sample_split(
-            "countdown",
-            lambda rng: _tasks.countdown_problem(rng, spec),
-            split=split,
-            n=getattr(c, self.NUM_EXAMPLES_FIELD[split]),
-            seed=c.seed,
-            test_fraction=c.test_fraction,
-        )
+        return self._sample_split("countdown", lambda rng: _tasks.countdown_problem(rng, spec), split)
 
 
 @dataclasses.dataclass
