@@ -8,9 +8,10 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxrl_scale.models import extend, forward, get_config, init_cache, init_params
+from jaxrl_scale.models.decoder import unstack_layers
 from jaxrl_scale.sampling import (
     bucket_shape, clear_cache, compile_count, generate, masked_logits)
-from jaxrl_scale.sampling.decode import decode_step, split_layers, to_step_cache
+from jaxrl_scale.sampling.decode import decode_step, to_step_cache
 
 N_NEW = 32
 _FIRST_CALL_COMPILES = []
@@ -71,18 +72,25 @@ def test_greedy_matches_full_forward_reference(model, greedy_out):
     np.testing.assert_allclose(out.logprobs, logps, atol=1e-5)
 
 
-def test_decode_step_equals_extend(model):
-    """The loop's specialised one-token step == the decoder's generic cached `extend`."""
+@pytest.mark.parametrize("fuse", [True, False])
+def test_decode_step_equals_extend(model, fuse):
+    """The loop's specialised one-token step == the decoder's generic cached `extend`, over
+    several steps (later steps read cache slots the step itself wrote), with the fused and the
+    plain per-layer weight layouts."""
     cfg, params = model
     B, T, S = 3, 6, 12
     tokens = jax.random.randint(jax.random.PRNGKey(1), (B, T), 0, cfg.vocab_size)
     valid = jnp.arange(T)[None, :] >= jnp.array([0, 2, 5])[:, None]   # left padded
-    steps = [(jnp.array([4, 5, 6]), jnp.array([True, False, True]))]
+    steps = [(jnp.array([4, 5, 6]), jnp.array([True, False, True])),
+             (jnp.array([7, 8, 9]), jnp.array([True, True, False])),
+             (jnp.array([3, 2, 1]), jnp.array([True, True, True]))]
 
     @jax.jit
     def both(params):
+        layers = unstack_layers(cfg, params, fuse=fuse)
         _, cache = extend(cfg, params, init_cache(cfg, B, S), tokens, valid)
-        step, layers, outs = to_step_cache(cache), split_layers(cfg, params), []
+        _, cache2 = extend(cfg, params, init_cache(cfg, B, S), tokens, valid, layers=layers)
+        step, outs = to_step_cache(cache2), [(cache.k_LBSKH, cache2.k_LBSKH)]
         for tok, ok in steps:
             ref, cache = extend(cfg, params, cache, tok[:, None], ok[:, None])
             got, step = decode_step(cfg, params, layers, step, tok, ok)
@@ -90,7 +98,9 @@ def test_decode_step_equals_extend(model):
                          cache.valid_BS))
         return outs
 
-    for got, ref, pos, ref_pos, slots, ref_slots in both(params):
+    outs = both(params)
+    np.testing.assert_allclose(*outs[0], atol=1e-5)  # prefill through prepared layers
+    for got, ref, pos, ref_pos, slots, ref_slots in outs[1:]:
         np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
         np.testing.assert_array_equal(pos, ref_pos)
         np.testing.assert_array_equal(slots, ref_slots)

@@ -114,15 +114,29 @@ def rope_inv_freq(head_dim, theta, scaling=None):
     return jnp.where(medium, smoothed, scaled).astype(jnp.float32)
 
 
-def rope(x_BTnH, positions_BT, theta, scaling=None):
-    """Rotary embedding in HF's rotate-half layout: x*cos + rotate_half(x)*sin (Su et al. 2021)."""
-    inv_freq = rope_inv_freq(x_BTnH.shape[-1], theta, scaling)
-    freqs_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq
+def rope_tables(cfg: ModelConfig, positions_BT):
+    """(cos, sin) [B, T, 1, H] float32 for RoPE at `positions_BT`; computed once per forward and
+    shared by every layer (left to XLA, each layer's fusions recompute the sines and cosines)."""
+    return _rope_tables(positions_BT, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+
+
+def _rope_tables(positions_BT, head_dim, theta, scaling):
+    freqs_BTh = positions_BT.astype(jnp.float32)[..., None] * rope_inv_freq(head_dim, theta, scaling)
     emb_BTH = jnp.concatenate([freqs_BTh, freqs_BTh], axis=-1)[:, :, None, :]
-    cos, sin = jnp.cos(emb_BTH), jnp.sin(emb_BTH)
+    return jnp.cos(emb_BTH), jnp.sin(emb_BTH)
+
+
+def apply_rope(x_BTnH, tables):
+    """x*cos + rotate_half(x)*sin: HF's rotate-half layout (Su et al. 2021)."""
+    cos, sin = tables
     x1, x2 = jnp.split(x_BTnH.astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)
     return (x_BTnH.astype(jnp.float32) * cos + rotated * sin).astype(x_BTnH.dtype)
+
+
+def rope(x_BTnH, positions_BT, theta, scaling=None):
+    """Rotary embedding of x at `positions_BT` (see `apply_rope`)."""
+    return apply_rope(x_BTnH, _rope_tables(positions_BT, x_BTnH.shape[-1], theta, scaling))
 
 
 def _attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS):
@@ -138,33 +152,52 @@ def _attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS):
     return out_BTKGH.reshape(B, T, N, H)
 
 
-def _qkv(cfg, lp, x_BTD, positions_BT):
+def _qkv(cfg, lp, x_BTD, rope_BT):
     dt = cfg.jnp_dtype
-    q = jnp.einsum("btd,dnh->btnh", x_BTD, lp["wq"].astype(dt))
-    k = jnp.einsum("btd,dkh->btkh", x_BTD, lp["wk"].astype(dt))
-    v = jnp.einsum("btd,dkh->btkh", x_BTD, lp["wv"].astype(dt))
-    if cfg.attention_bias:
-        q, k, v = q + lp["bq"].astype(dt), k + lp["bk"].astype(dt), v + lp["bv"].astype(dt)
+    N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    if "w_qkv" in lp:  # fused layout from `unstack_layers`: one matmul instead of three
+        qkv = jnp.einsum("btd,de->bte", x_BTD, lp["w_qkv"].astype(dt))
+        if cfg.attention_bias:
+            qkv = qkv + lp["b_qkv"].astype(dt)
+        B, T = qkv.shape[:2]
+        q = qkv[..., :N * H].reshape(B, T, N, H)
+        k = qkv[..., N * H:(N + K) * H].reshape(B, T, K, H)
+        v = qkv[..., (N + K) * H:].reshape(B, T, K, H)
+    else:
+        q = jnp.einsum("btd,dnh->btnh", x_BTD, lp["wq"].astype(dt))
+        k = jnp.einsum("btd,dkh->btkh", x_BTD, lp["wk"].astype(dt))
+        v = jnp.einsum("btd,dkh->btkh", x_BTD, lp["wv"].astype(dt))
+        if cfg.attention_bias:
+            q, k, v = q + lp["bq"].astype(dt), k + lp["bk"].astype(dt), v + lp["bv"].astype(dt)
     if cfg.qk_norm:  # Qwen3: per-head RMSNorm before RoPE
         q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
-    return (rope(q, positions_BT, cfg.rope_theta, cfg.rope_scaling),
-            rope(k, positions_BT, cfg.rope_theta, cfg.rope_scaling), v)
+    return apply_rope(q, rope_BT), apply_rope(k, rope_BT), v
 
 
 def _mlp(cfg, lp, x_BTD):
     dt = cfg.jnp_dtype
-    gate = jnp.einsum("btd,df->btf", x_BTD, lp["w_gate"].astype(dt))
-    up = jnp.einsum("btd,df->btf", x_BTD, lp["w_up"].astype(dt))
+    if "w_gate_up" in lp:  # fused layout from `unstack_layers`
+        gate, up = jnp.split(jnp.einsum("btd,df->btf", x_BTD, lp["w_gate_up"].astype(dt)), 2,
+                             axis=-1)
+    else:
+        gate = jnp.einsum("btd,df->btf", x_BTD, lp["w_gate"].astype(dt))
+        up = jnp.einsum("btd,df->btf", x_BTD, lp["w_up"].astype(dt))
     return jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, lp["w_down"].astype(dt))
 
 
-def _layer(cfg, lp, x_BTD, positions_BT, attend):
-    """Pre-norm residual block; `attend(q, k, v) -> out` hides where keys come from."""
+def _layer(cfg, lp, x_BTD, rope_BT, attend):
+    """Pre-norm residual block; `attend(q, k, v) -> out` hides where keys come from.
+    rope_BT: `rope_tables` at the tokens' positions."""
     h = rms_norm(x_BTD, lp["attn_norm"], cfg.rms_norm_eps)
-    q, k, v = _qkv(cfg, lp, h, positions_BT)
+    q, k, v = _qkv(cfg, lp, h, rope_BT)
     attn_BTNH = attend(q, k, v)
-    out_BTD = jnp.einsum("btnh,nhd->btd", attn_BTNH, lp["wo"].astype(cfg.jnp_dtype))
+    # Contract over the merged N*H axis: with "btnh,nhd" XLA (CPU) may pick a (h, n) order for
+    # the contraction and transpose the whole wo matrix on every call.
+    B, T, N, H = attn_BTNH.shape
+    wo = lp["wo"]
+    wo_ED = wo if wo.ndim == 2 else wo.reshape(N * H, wo.shape[-1])
+    out_BTD = jnp.einsum("bte,ed->btd", attn_BTNH.reshape(B, T, N * H), wo_ED.astype(cfg.jnp_dtype))
     if cfg.o_bias:
         out_BTD = out_BTD + lp["bo"].astype(cfg.jnp_dtype)
     x_BTD = x_BTD + out_BTD
@@ -173,6 +206,31 @@ def _layer(cfg, lp, x_BTD, positions_BT, attend):
 
 def _layer_params(params, i):
     return jax.tree.map(lambda a: a[i], params["layers"])
+
+
+def unstack_layers(cfg: ModelConfig, params: Params, *, fuse: bool = True) -> tuple[Params, ...]:
+    """Per-layer parameter dicts for decoding, one copy of every layer weight.
+
+    Slicing a layer out of the stacked [L, ...] arrays is a copy on CPU; done once here, the
+    decode loop reads the slices directly. With `fuse`, q/k/v become one [D, (N+2K)*H] matrix
+    (biases [(N+2K)*H]), gate/up one [D, 2F] and wo a [N*H, D] matrix, so a one-token step
+    runs 4 matmuls per layer instead of 7 (fewer, larger kernels: what bounds a step at small
+    batch). Both layouts go through the same `_layer`.
+    """
+    out = []
+    for i in range(cfg.num_layers):
+        lp = _layer_params(params, i)
+        if fuse:
+            D = lp["wq"].shape[0]
+            lp = dict(lp)
+            lp["w_qkv"] = jnp.concatenate(
+                [lp.pop(n).reshape(D, -1) for n in ("wq", "wk", "wv")], axis=1)
+            if cfg.attention_bias:
+                lp["b_qkv"] = jnp.concatenate([lp.pop(n).reshape(-1) for n in ("bq", "bk", "bv")])
+            lp["w_gate_up"] = jnp.concatenate([lp.pop("w_gate"), lp.pop("w_up")], axis=1)
+            lp["wo"] = lp["wo"].reshape(-1, lp["wo"].shape[-1])
+        out.append(lp)
+    return tuple(out)
 
 
 def positions_from_valid(valid_BT, offset_B=None):
@@ -203,7 +261,7 @@ def hidden_states(cfg: ModelConfig, params: Params, tokens_BT, valid_BT=None, *,
     B, T = tokens_BT.shape
     if valid_BT is None:
         valid_BT = jnp.ones((B, T), bool)
-    positions_BT = positions_from_valid(valid_BT)
+    rope_BT = rope_tables(cfg, positions_from_valid(valid_BT))
     causal_TT = jnp.tril(jnp.ones((T, T), bool))
     mask_BTS = causal_TT[None] & valid_BT[:, None, :]
 
@@ -211,7 +269,7 @@ def hidden_states(cfg: ModelConfig, params: Params, tokens_BT, valid_BT=None, *,
         return _attention(q, k, v, mask_BTS)
 
     def block(x, lp):
-        return _layer(cfg, lp, x, positions_BT, attend)
+        return _layer(cfg, lp, x, rope_BT, attend)
 
     if remat:
         block = jax.checkpoint(block)
@@ -257,18 +315,20 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCach
                    index=jnp.zeros((), jnp.int32))
 
 
-def extend(cfg: ModelConfig, params: Params, cache: KVCache, tokens_BT, valid_BT=None):
+def extend(cfg: ModelConfig, params: Params, cache: KVCache, tokens_BT, valid_BT=None, *,
+           layers: tuple[Params, ...] | None = None):
     """Append T tokens to the cache and return (logits_BTV float32, new cache).
 
     Prefill is one call with the left-padded prompt block; each decode step is a call with
     T = 1. Query t (slot index + t) attends to slots <= index + t that hold valid tokens.
+    `layers` (from `unstack_layers`) replaces the per-call slicing of params["layers"].
     """
     B, T = tokens_BT.shape
     if valid_BT is None:
         valid_BT = jnp.ones((B, T), bool)
     S = cache.max_len
     start = cache.index
-    positions_BT = positions_from_valid(valid_BT, cache.next_pos_B)
+    rope_BT = rope_tables(cfg, positions_from_valid(valid_BT, cache.next_pos_B))
     valid_BS = jax.lax.dynamic_update_slice(cache.valid_BS, valid_BT, (0, start))
     slot_S = jnp.arange(S)
     causal_TS = slot_S[None, :] <= (start + jnp.arange(T))[:, None]
@@ -285,7 +345,8 @@ def extend(cfg: ModelConfig, params: Params, cache: KVCache, tokens_BT, valid_BT
                 v_cache, v.astype(v_cache.dtype)[None], (i, 0, start, 0, 0))
             return _attention(q, k_cache[i].astype(q.dtype), v_cache[i].astype(q.dtype),
                               mask_BTS)
-        x_BTD = _layer(cfg, _layer_params(params, i), x_BTD, positions_BT, attend)
+        lp = layers[i] if layers is not None else _layer_params(params, i)
+        x_BTD = _layer(cfg, lp, x_BTD, rope_BT, attend)
 
     logits_BTV = logits_from_hidden(cfg, params, x_BTD)
     new_cache = KVCache(k_LBSKH=k_cache, v_LBSKH=v_cache, valid_BS=valid_BS,

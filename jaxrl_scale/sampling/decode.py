@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import weakref
 from typing import Sequence
 
 import flax.struct
@@ -33,8 +34,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxrl_scale.models.config import ModelConfig
 from jaxrl_scale.models.decoder import (
-    _NEG_INF, KVCache, _layer, _layer_params, embed, extend, init_cache, logits_from_hidden,
-    positions_from_valid)
+    _NEG_INF, KVCache, _layer, embed, extend, init_cache, logits_from_hidden, positions_from_valid,
+    rope_tables, unstack_layers)
 from jaxrl_scale.sampling.rules import SamplingConfig, validate_sampling
 
 MIN_PROMPT_BUCKET = 8
@@ -86,49 +87,94 @@ def to_step_cache(cache: KVCache) -> StepCache:
                      index=cache.index)
 
 
-def split_layers(cfg: ModelConfig, params) -> list:
-    """Per-layer parameter dicts; sliced once outside the decode loop so that steps do not
-    copy every weight matrix out of the stacked [L, ...] arrays."""
-    return [_layer_params(params, i) for i in range(cfg.num_layers)]
-
-
 def decode_step(cfg: ModelConfig, params, layers, cache: StepCache, token_B, valid_B):
     """One token per row through the decoder with a `StepCache` -> (logits_BV, cache).
 
     The same math as `extend(cfg, params, cache, token_B[:, None], valid_B[:, None])`
     (the decoder's own layer function; only the attention kernel is specialised to one
-    query), which tests check to 1e-5.
+    query), which tests check to 1e-5. `layers` comes from `unstack_layers`.
+
+    The query attends to the cache as it was before this step plus the new key/value as a
+    separate score column; the updated cache is only written, never read, in the step.
+    Reading the freshly updated cache instead makes XLA (CPU) copy every layer's cache on
+    each step (3 extra full copies per layer: ~1 GB per step at B=256 for `small`).
     """
     B = token_B.shape[0]
     N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     idx = cache.index
     valid_B1 = valid_B[:, None]
-    positions_B1 = positions_from_valid(valid_B1, cache.next_pos_B)
-    valid_BS = jax.lax.dynamic_update_slice(cache.valid_BS, valid_B1, (0, idx))
+    rope_B1 = rope_tables(cfg, positions_from_valid(valid_B1, cache.next_pos_B))
     new_k, new_v = [], []
     x_B1D = embed(cfg, params, token_B[:, None])
     for i, lp in enumerate(layers):
         def attend(q_B1NH, k_B1KH, v_B1KH, i=i):
-            kc = jax.lax.dynamic_update_slice(
-                cache.k_BKSH[i], jnp.transpose(k_B1KH, (0, 2, 1, 3)).astype(cache.k_BKSH[i].dtype),
-                (0, 0, idx, 0))
-            vc = jax.lax.dynamic_update_slice(
-                cache.v_BKSH[i], jnp.transpose(v_B1KH, (0, 2, 1, 3)).astype(cache.v_BKSH[i].dtype),
-                (0, 0, idx, 0))
-            new_k.append(kc)
-            new_v.append(vc)
+            kc, vc = cache.k_BKSH[i], cache.v_BKSH[i]
+            k_BK1H = jnp.transpose(k_B1KH, (0, 2, 1, 3)).astype(kc.dtype)
+            v_BK1H = jnp.transpose(v_B1KH, (0, 2, 1, 3)).astype(vc.dtype)
             q_BKGH = q_B1NH.reshape(B, K, N // K, H)
-            scores_BKGS = jnp.einsum("bkgh,bksh->bkgs", q_BKGH, kc.astype(q_BKGH.dtype),
-                                     preferred_element_type=jnp.float32) * (H ** -0.5)
-            scores_BKGS = jnp.where(valid_BS[:, None, None, :], scores_BKGS, _NEG_INF)
-            probs_BKGS = jax.nn.softmax(scores_BKGS, axis=-1).astype(vc.dtype)
-            out_BKGH = jnp.einsum("bkgs,bksh->bkgh", probs_BKGS, vc)
+            old_BKGS = jnp.einsum("bkgh,bksh->bkgs", q_BKGH, kc.astype(q_BKGH.dtype),
+                                  preferred_element_type=jnp.float32)
+            old_BKGS = jnp.where(cache.valid_BS[:, None, None, :], old_BKGS, _NEG_INF)
+            cur_BKG1 = jnp.einsum("bkgh,bkth->bkgt", q_BKGH, k_BK1H.astype(q_BKGH.dtype),
+                                  preferred_element_type=jnp.float32)
+            cur_BKG1 = jnp.where(valid_B[:, None, None, None], cur_BKG1, _NEG_INF)
+            scores = jnp.concatenate([old_BKGS, cur_BKG1], axis=-1) * (H ** -0.5)
+            probs = jax.nn.softmax(scores, axis=-1).astype(vc.dtype)
+            out_BKGH = (jnp.einsum("bkgs,bksh->bkgh", probs[..., :-1], vc)
+                        + probs[..., -1:] * v_BK1H)
+            # In-place cache writes need the reads above ordered before them, and XLA's copy
+            # insertion only sees data dependencies: without one it copies both caches every
+            # step. `0 * out` (not folded for floats) makes the write depend on the read.
+            tie_BK1H = 0 * out_BKGH[:, :, :1, :].astype(kc.dtype)
+            new_k.append(jax.lax.dynamic_update_slice(kc, k_BK1H + tie_BK1H, (0, 0, idx, 0)))
+            new_v.append(jax.lax.dynamic_update_slice(vc, v_BK1H + tie_BK1H, (0, 0, idx, 0)))
             return out_BKGH.reshape(B, 1, N, H).astype(q_B1NH.dtype)
-        x_B1D = _layer(cfg, lp, x_B1D, positions_B1, attend)
+        x_B1D = _layer(cfg, lp, x_B1D, rope_B1, attend)
     logits_BV = logits_from_hidden(cfg, params, x_B1D)[:, 0]
+    valid_BS = jax.lax.dynamic_update_slice(cache.valid_BS, valid_B1, (0, idx))
     return logits_BV, StepCache(k_BKSH=tuple(new_k), v_BKSH=tuple(new_v), valid_BS=valid_BS,
                                 next_pos_B=cache.next_pos_B + valid_B.astype(jnp.int32),
                                 index=idx + 1)
+
+
+# ----------------------------------------------------------------------------- prepared weights
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _unstack_jit(cfg, params, fuse):
+    return unstack_layers(cfg, params, fuse=fuse)
+
+
+class _PreparedLayers:
+    """The per-layer decode weights of the last params seen, reused while those params live.
+
+    RL calls `generate` several times per update (rollouts, evals) with the same params, and
+    benchmarks call it repeatedly: re-slicing the stacked weights costs a full weight copy
+    into fresh memory per call (about 30 ms for `small` on CPU). One entry only, so at most
+    one extra copy of the weights is alive; identity is checked through weak references.
+    """
+
+    def __init__(self):
+        self._key, self._refs, self._layers = None, (), None
+
+    def get(self, cfg: ModelConfig, params, fuse: bool):
+        leaves = jax.tree.leaves(params)
+        key = (cfg, fuse, jax.tree.structure(params), tuple(map(id, leaves)))
+        if key == self._key and all(r() is x for r, x in zip(self._refs, leaves)):
+            return self._layers
+        self.clear()
+        layers = _unstack_jit(cfg, params, fuse)
+        try:
+            refs = tuple(weakref.ref(x) for x in leaves)
+        except TypeError:  # leaves without weakref support (e.g. Python floats): no reuse
+            return layers
+        self._key, self._refs, self._layers = key, refs, layers
+        return layers
+
+    def clear(self):
+        self._key, self._refs, self._layers = None, (), None
+
+
+_PREPARED = _PreparedLayers()
 
 
 # ----------------------------------------------------------------------------- jit cache
@@ -143,11 +189,12 @@ def compile_count() -> int:
 
 
 def clear_cache() -> None:
-    """Drop the compiled decode functions (the counter keeps counting)."""
+    """Drop the compiled decode functions and the prepared weights (the counter keeps counting)."""
     _JIT_CACHE.clear()
+    _PREPARED.clear()
 
 
-def _decode(params, tokens_BT, valid_BT, rng, *, cfg: ModelConfig, max_new_tokens: int,
+def _decode(params, layers, tokens_BT, valid_BT, rng, *, cfg: ModelConfig, max_new_tokens: int,
             sampling: SamplingConfig, eos_id: int | None, pad_id: int, batch_spec):
     _TRACES[0] += 1
     B, T = tokens_BT.shape
@@ -172,8 +219,7 @@ def _decode(params, tokens_BT, valid_BT, rng, *, cfg: ModelConfig, max_new_token
     cache = constrain_cache(init_cache(cfg, B, T + N))
     # Prefill all but the last column; the logits of this call are unused and DCE'd, so the
     # LM head runs only in the loop (left padding: the last column is real for every row).
-    _, cache = extend(cfg, params, cache, tokens_BT[:, :-1], valid_BT[:, :-1])
-    layers = split_layers(cfg, params)
+    _, cache = extend(cfg, params, cache, tokens_BT[:, :-1], valid_BT[:, :-1], layers=layers)
 
     state = DecodeState(
         step=jnp.zeros((), jnp.int32), cache=constrain_cache(to_step_cache(cache)),
@@ -321,7 +367,12 @@ def generate(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *, max_
     static = dict(cfg=cfg, max_new_tokens=int(max_new_tokens), sampling=sampling, eos_id=eos,
                   pad_id=int(pad_id), batch_spec=spec)
     key = (cfg, Bb, Tb, int(max_new_tokens), sampling, eos, int(pad_id), mesh, axes)
-    out = _get_decode_fn(key, **static)(params, tokens, valid, rng)
+    # q/k/v and gate/up fusion concatenates weights: kept to unsharded params, where it never
+    # forces a reshard of tensor-parallel weights.
+    fuse = mesh is None and all(getattr(x, "sharding", None) is None or
+                                len(x.sharding.device_set) == 1 for x in jax.tree.leaves(params))
+    layers = _PREPARED.get(cfg, params, fuse)
+    out = _get_decode_fn(key, **static)(params, layers, tokens, valid, rng)
     if Bb != B:
         out = GenerateOutput(tokens=out.tokens[:B], logprobs=out.logprobs[:B],
                              lengths=out.lengths[:B], steps=out.steps)
