@@ -8,7 +8,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxrl_scale.models import extend, forward, get_config, init_cache, init_params
-from jaxrl_scale.models.decoder import unstack_layers
+from jaxrl_scale.models.decoder import rope_table, unstack_layers
 from jaxrl_scale.sampling import (
     bucket_shape, clear_cache, compile_count, generate, masked_logits)
 from jaxrl_scale.sampling.decode import decode_step, to_step_cache
@@ -93,7 +93,8 @@ def test_decode_step_equals_extend(model, fuse):
         step, outs = to_step_cache(cache2), [(cache.k_LBSKH, cache2.k_LBSKH)]
         for tok, ok in steps:
             ref, cache = extend(cfg, params, cache, tok[:, None], ok[:, None])
-            got, step = decode_step(cfg, params, layers, step, tok, ok)
+            got, step = decode_step(cfg, params, layers, step, tok, ok,
+                                    rope_table=rope_table(cfg, S) if fuse else None)
             outs.append((got, ref[:, 0], step.next_pos_B, cache.next_pos_B, step.valid_BS,
                          cache.valid_BS))
         return outs

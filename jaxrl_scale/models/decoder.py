@@ -114,10 +114,23 @@ def rope_inv_freq(head_dim, theta, scaling=None):
     return jnp.where(medium, smoothed, scaled).astype(jnp.float32)
 
 
-def rope_tables(cfg: ModelConfig, positions_BT):
-    """(cos, sin) [B, T, 1, H] float32 for RoPE at `positions_BT`; computed once per forward and
-    shared by every layer (left to XLA, each layer's fusions recompute the sines and cosines)."""
+def rope_tables(cfg: ModelConfig, positions_BT, table=None):
+    """(cos, sin) [B, T, 1, H] float32 for RoPE at `positions_BT`, shared by every layer.
+
+    table: `rope_table(cfg, P)` to look positions < P up instead of computing sines and
+    cosines; XLA fuses such elementwise producers into each consumer, so in a decode loop the
+    transcendentals would otherwise be recomputed for q and k of every layer on every step.
+    """
+    if table is not None:
+        return tuple(t_PH[positions_BT][:, :, None, :] for t_PH in table)
     return _rope_tables(positions_BT, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+
+
+def rope_table(cfg: ModelConfig, length: int):
+    """(cos, sin) [P, H] for positions 0..length-1 (see `rope_tables`)."""
+    cos, sin = _rope_tables(jnp.arange(length)[None], cfg.head_dim, cfg.rope_theta,
+                            cfg.rope_scaling)
+    return cos[0, :, 0], sin[0, :, 0]
 
 
 def _rope_tables(positions_BT, head_dim, theta, scaling):

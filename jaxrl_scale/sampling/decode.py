@@ -35,7 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxrl_scale.models.config import ModelConfig
 from jaxrl_scale.models.decoder import (
     _NEG_INF, KVCache, _layer, embed, extend, init_cache, logits_from_hidden, positions_from_valid,
-    rope_tables, unstack_layers)
+    rope_table, rope_tables, unstack_layers)
 from jaxrl_scale.sampling.rules import SamplingConfig, validate_sampling
 
 MIN_PROMPT_BUCKET = 8
@@ -52,13 +52,13 @@ class GenerateOutput:
 
 @flax.struct.dataclass
 class StepCache:
-    """The KV cache in the decode loop: one [B, K, S, H] array per layer.
+    """The KV cache in the decode loop: per layer, keys [B, K, H, S] and values [B, K, S, H].
 
     Per-layer arrays (not the decoder's stacked [L, B, S, K, H]) so a step never copies a
-    layer out of the stack, and K/H-major so the one-query attention is a plain batched
-    matvec without transposes. Same slot semantics as `KVCache`.
+    layer out of the stack; layouts chosen so the one-query attention is two plain batched
+    matmuls without transposes (see `decode_step`). Same slot semantics as `KVCache`.
     """
-    k_BKSH: tuple[jax.Array, ...]
+    k_BKHS: tuple[jax.Array, ...]
     v_BKSH: tuple[jax.Array, ...]
     valid_BS: jax.Array     # bool: slot holds a real token
     next_pos_B: jax.Array   # int32: RoPE position of each row's next token
@@ -79,20 +79,27 @@ class DecodeState:
 
 
 def to_step_cache(cache: KVCache) -> StepCache:
-    """Decoder cache [L, B, S, K, H] -> per-layer [B, K, S, H] (one copy, after prefill)."""
+    """Decoder cache [L, B, S, K, H] -> per-layer keys [B, K, H, S] and values [B, K, S, H]
+    (one copy, after prefill)."""
     L = cache.k_LBSKH.shape[0]
-    k = tuple(jnp.transpose(cache.k_LBSKH[i], (0, 2, 1, 3)) for i in range(L))
+    k = tuple(jnp.transpose(cache.k_LBSKH[i], (0, 2, 3, 1)) for i in range(L))
     v = tuple(jnp.transpose(cache.v_LBSKH[i], (0, 2, 1, 3)) for i in range(L))
-    return StepCache(k_BKSH=k, v_BKSH=v, valid_BS=cache.valid_BS, next_pos_B=cache.next_pos_B,
+    return StepCache(k_BKHS=k, v_BKSH=v, valid_BS=cache.valid_BS, next_pos_B=cache.next_pos_B,
                      index=cache.index)
 
 
-def decode_step(cfg: ModelConfig, params, layers, cache: StepCache, token_B, valid_B):
+def decode_step(cfg: ModelConfig, params, layers, cache: StepCache, token_B, valid_B, *,
+                rope_table=None):
     """One token per row through the decoder with a `StepCache` -> (logits_BV, cache).
 
     The same math as `extend(cfg, params, cache, token_B[:, None], valid_B[:, None])`
     (the decoder's own layer function; only the attention kernel is specialised to one
-    query), which tests check to 1e-5. `layers` comes from `unstack_layers`.
+    query), which tests check to 1e-5. `layers` comes from `unstack_layers`; `rope_table` from
+    `decoder.rope_table` (RoPE by lookup instead of per-layer sines and cosines).
+
+    Keys are stored [B, K, H, S] and values [B, K, S, H]: both attention contractions are
+    then plain row-major batched matmuls ([G, H] x [H, S] and [G, S] x [S, H]); with keys
+    [B, K, S, H] the score matmul ran 3x slower than the value one (XLA CPU, B=256).
 
     The query attends to the cache as it was before this step plus the new key/value as a
     separate score column; the updated cache is only written, never read, in the step.
@@ -103,19 +110,19 @@ def decode_step(cfg: ModelConfig, params, layers, cache: StepCache, token_B, val
     N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     idx = cache.index
     valid_B1 = valid_B[:, None]
-    rope_B1 = rope_tables(cfg, positions_from_valid(valid_B1, cache.next_pos_B))
+    rope_B1 = rope_tables(cfg, positions_from_valid(valid_B1, cache.next_pos_B), rope_table)
     new_k, new_v = [], []
     x_B1D = embed(cfg, params, token_B[:, None])
     for i, lp in enumerate(layers):
         def attend(q_B1NH, k_B1KH, v_B1KH, i=i):
-            kc, vc = cache.k_BKSH[i], cache.v_BKSH[i]
-            k_BK1H = jnp.transpose(k_B1KH, (0, 2, 1, 3)).astype(kc.dtype)
+            kc, vc = cache.k_BKHS[i], cache.v_BKSH[i]
+            k_BKH1 = jnp.transpose(k_B1KH, (0, 2, 3, 1)).astype(kc.dtype)
             v_BK1H = jnp.transpose(v_B1KH, (0, 2, 1, 3)).astype(vc.dtype)
             q_BKGH = q_B1NH.reshape(B, K, N // K, H)
-            old_BKGS = jnp.einsum("bkgh,bksh->bkgs", q_BKGH, kc.astype(q_BKGH.dtype),
+            old_BKGS = jnp.einsum("bkgh,bkhs->bkgs", q_BKGH, kc.astype(q_BKGH.dtype),
                                   preferred_element_type=jnp.float32)
             old_BKGS = jnp.where(cache.valid_BS[:, None, None, :], old_BKGS, _NEG_INF)
-            cur_BKG1 = jnp.einsum("bkgh,bkth->bkgt", q_BKGH, k_BK1H.astype(q_BKGH.dtype),
+            cur_BKG1 = jnp.einsum("bkgh,bkht->bkgt", q_BKGH, k_BKH1.astype(q_BKGH.dtype),
                                   preferred_element_type=jnp.float32)
             cur_BKG1 = jnp.where(valid_B[:, None, None, None], cur_BKG1, _NEG_INF)
             scores = jnp.concatenate([old_BKGS, cur_BKG1], axis=-1) * (H ** -0.5)
@@ -126,13 +133,14 @@ def decode_step(cfg: ModelConfig, params, layers, cache: StepCache, token_B, val
             # insertion only sees data dependencies: without one it copies both caches every
             # step. `0 * out` (not folded for floats) makes the write depend on the read.
             tie_BK1H = 0 * out_BKGH[:, :, :1, :].astype(kc.dtype)
-            new_k.append(jax.lax.dynamic_update_slice(kc, k_BK1H + tie_BK1H, (0, 0, idx, 0)))
+            new_k.append(jax.lax.dynamic_update_slice(
+                kc, k_BKH1 + jnp.swapaxes(tie_BK1H, 2, 3), (0, 0, 0, idx)))
             new_v.append(jax.lax.dynamic_update_slice(vc, v_BK1H + tie_BK1H, (0, 0, idx, 0)))
             return out_BKGH.reshape(B, 1, N, H).astype(q_B1NH.dtype)
         x_B1D = _layer(cfg, lp, x_B1D, rope_B1, attend)
     logits_BV = logits_from_hidden(cfg, params, x_B1D)[:, 0]
     valid_BS = jax.lax.dynamic_update_slice(cache.valid_BS, valid_B1, (0, idx))
-    return logits_BV, StepCache(k_BKSH=tuple(new_k), v_BKSH=tuple(new_v), valid_BS=valid_BS,
+    return logits_BV, StepCache(k_BKHS=tuple(new_k), v_BKSH=tuple(new_v), valid_BS=valid_BS,
                                 next_pos_B=cache.next_pos_B + valid_B.astype(jnp.int32),
                                 index=idx + 1)
 
@@ -212,11 +220,12 @@ def _decode(params, layers, tokens_BT, valid_BT, rng, *, cfg: ModelConfig, max_n
             return c.replace(k_LBSKH=jax.lax.with_sharding_constraint(c.k_LBSKH, batch_spec(5, 1)),
                              v_LBSKH=jax.lax.with_sharding_constraint(c.v_LBSKH, batch_spec(5, 1)),
                              valid_BS=constrain(c.valid_BS), next_pos_B=constrain(c.next_pos_B))
-        return c.replace(k_BKSH=tuple(map(constrain, c.k_BKSH)),
+        return c.replace(k_BKHS=tuple(map(constrain, c.k_BKHS)),
                          v_BKSH=tuple(map(constrain, c.v_BKSH)),
                          valid_BS=constrain(c.valid_BS), next_pos_B=constrain(c.next_pos_B))
 
     cache = constrain_cache(init_cache(cfg, B, T + N))
+    table = rope_table(cfg, T + N)  # positions never exceed the slots
     # Prefill all but the last column; the logits of this call are unused and DCE'd, so the
     # LM head runs only in the loop (left padding: the last column is real for every row).
     _, cache = extend(cfg, params, cache, tokens_BT[:, :-1], valid_BT[:, :-1], layers=layers)
@@ -234,7 +243,8 @@ def _decode(params, layers, tokens_BT, valid_BT, rng, *, cfg: ModelConfig, max_n
         return (s.step < N) & ~jnp.all(s.done_B)
 
     def body(s: DecodeState):
-        logits_BV, cache = decode_step(cfg, params, layers, s.cache, s.input_B, ~s.done_B)
+        logits_BV, cache = decode_step(cfg, params, layers, s.cache, s.input_B, ~s.done_B,
+                                       rope_table=table)
         tok_B, logp_B = sampling.get_next_tokens(logits_BV, jax.random.fold_in(s.rng, s.step))
         tok_B = jnp.where(s.done_B, pad_id, tok_B)
         logp_B = jnp.where(s.done_B, 0.0, logp_B)
