@@ -34,6 +34,35 @@ def time_calls(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1) -> list
     return times
 
 
+def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int = 3, warmup: int = 1,
+                     skip_warmup: tuple[str, ...] = ()) -> dict[str, list[float]]:
+    """Wall seconds of each fn, timed round-robin: call 1 of every fn, then call 2, ...
+
+    On a shared machine throughput drifts over minutes; alternating the contenders puts each
+    round of the comparison in the same time window, so a ratio of medians is not a ratio of
+    two different machine states. `skip_warmup`: names with nothing to compile (eager code).
+    """
+    for _ in range(warmup):
+        for name, fn in fns.items():
+            if name not in skip_warmup:
+                block(fn())
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            block(fn())
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def matmul_fn(n: int = 2048, dtype: str = "float32") -> tuple[Callable[[], Any], float]:
+    """(a jitted n x n x n matmul call, its FLOPs): to time next to other work."""
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32).astype(dtype)
+    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32).astype(dtype)
+    mm = jax.jit(lambda x, y: x @ y)
+    return (lambda: mm(a, b)), 2.0 * n ** 3
+
+
 def median_time(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1) -> float:
     """Median wall seconds of fn() (blocked until ready), warm-up calls excluded."""
     return statistics.median(time_calls(fn, repeats, warmup))
@@ -41,11 +70,9 @@ def median_time(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1) -> flo
 
 def matmul_peak(n: int = 2048, dtype: str = "float32", repeats: int = 5) -> dict:
     """Achieved FLOP/s of a jitted n x n x n matmul: the practical compute peak."""
-    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32).astype(dtype)
-    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32).astype(dtype)
-    mm = jax.jit(lambda x, y: x @ y)
-    t = median_time(lambda: mm(a, b), repeats=repeats, warmup=2)
-    return {"n": n, "dtype": str(dtype), "seconds": t, "flops_per_s": 2.0 * n ** 3 / t}
+    fn, flops = matmul_fn(n, dtype)
+    t = median_time(fn, repeats=repeats, warmup=2)
+    return {"n": n, "dtype": str(dtype), "seconds": t, "flops_per_s": flops / t}
 
 
 def copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> dict:
@@ -75,6 +102,14 @@ def decode_step_flops(cfg: ModelConfig, batch: int, context: float) -> float:
     `context` keys per row."""
     attn = 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context
     return batch * (2.0 * matmul_params(cfg) + attn)
+
+
+def prefill_flops(cfg: ModelConfig, batch: int, tokens: int) -> float:
+    """FLOPs of `generate`'s prefill: all but the last prompt token through every layer, no LM
+    head (its logits are unused), causal attention over the block."""
+    lm_head = cfg.vocab_size * cfg.hidden_size
+    attn = 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * tokens * (tokens + 1) / 2
+    return batch * (2.0 * (matmul_params(cfg) - lm_head) * tokens + attn)
 
 
 def decode_step_bytes(cfg: ModelConfig, batch: int, context: float) -> float:

@@ -72,6 +72,21 @@ def test_greedy_matches_full_forward_reference(model, greedy_out):
     np.testing.assert_allclose(out.logprobs, logps, atol=1e-5)
 
 
+def test_prepared_weights_follow_params(model, greedy_out):
+    """generate reuses its per-layer weight copy only for the very same params arrays: new
+    params (an RL update) are decoded with the new weights, never a stale copy."""
+    from jaxrl_scale.sampling import decode
+    cfg, params = model
+    layers = decode._PREPARED.get(cfg, params, True)
+    assert decode._PREPARED.get(cfg, params, True) is layers  # same arrays: reused
+    updated = jax.tree.map(lambda a: a[::-1] if a.ndim >= 3 else a, params)  # permute layers
+    out = _greedy(cfg, updated, PROMPTS[:2], max_new_tokens=8)
+    tokens, _ = _reference_greedy(cfg, updated, PROMPTS[:2], 8)
+    np.testing.assert_array_equal(out.tokens, tokens)
+    assert not np.array_equal(out.tokens, greedy_out.tokens[:2, :8])  # it did change
+    assert decode._PREPARED.get(cfg, params, True) is not layers  # replaced, then rebuilt
+
+
 @pytest.mark.parametrize("fuse", [True, False])
 def test_decode_step_equals_extend(model, fuse):
     """The loop's specialised one-token step == the decoder's generic cached `extend`, over

@@ -13,10 +13,15 @@ code, then every loop step feeds one token (the last prompt token first), sample
 logits and stops when every row has emitted EOS or N tokens exist (gemma sampler shape).
 
 The loop step is `decode_step`, not `extend`: the decoder's own layer function with a
-one-query attention over a per-layer [B, K, S, H] cache, and weights sliced out of the stacked
-[L, ...] params once per call instead of once per step. On CPU (`small`, B=64) that removes a
-full weight copy and a transpose of every layer's cache per step; tests check it equals
-`extend` to 1e-5.
+one-query attention over per-layer caches (keys [B, K, H, S], values [B, K, S, H]); tests check
+it equals `extend` to 1e-5. What makes it fast on CPU (each measured with XLA's profiler on
+`small`; see experiments/decode_bench.py for the end-to-end figures):
+- weights come from `unstack_layers` (per-layer slices, q/k/v and gate/up fused), prepared once
+  per params and reused across calls (`_PreparedLayers`) instead of sliced in every call;
+- the step never reads the cache it writes, and the write depends on the read, so XLA updates
+  the caches in place (reading the updated cache cost 3 full cache copies per layer per step);
+- RoPE is a table lookup (sines and cosines were recomputed in every layer's fusions);
+- the keys' [H, S] layout makes the score contraction a plain matmul (3x faster than [S, H]).
 """
 from __future__ import annotations
 
