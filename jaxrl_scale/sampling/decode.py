@@ -348,6 +348,8 @@ def generate(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *, max_
     vocabulary) never stops early: every row gets exactly max_new_tokens tokens (benchmarks).
     mesh: batch rows are split over its data axes (default: 'data' and 'fsdp' where present);
     params keep whatever sharding they have.
+    Memory: generate keeps one per-layer copy of the weights of the last params it saw (reused
+    while those arrays live; `clear_cache()` drops it), i.e. up to twice the weight memory.
     Returns GenerateOutput(tokens int32 [B, N], logprobs float32 [B, N], lengths int32 [B],
     steps): tokens after a row's EOS are pad_id with logprob 0; EOS is kept and counted.
     """
