@@ -87,11 +87,12 @@ def test_prepared_weights_follow_params(model, greedy_out):
     assert decode._PREPARED.get(cfg, params, True) is not layers  # replaced, then rebuilt
 
 
-@pytest.mark.parametrize("fuse", [True, False])
-def test_decode_step_equals_extend(model, fuse):
+@pytest.mark.parametrize("fuse,chunks,live", [(True, (1, 2), (1, 2, 2)), (False, (3,), (1, 1, 1))])
+def test_decode_step_equals_extend(model, fuse, chunks, live):
     """The loop's specialised one-token step == the decoder's generic cached `extend`, over
     several steps (later steps read cache slots the step itself wrote), with the fused and the
-    plain per-layer weight layouts."""
+    plain per-layer weight layouts, and with the new slots in one chunk or split over two
+    (attending to the live chunks only)."""
     cfg, params = model
     B, T, S = 3, 6, 12
     tokens = jax.random.randint(jax.random.PRNGKey(1), (B, T), 0, cfg.vocab_size)
@@ -104,14 +105,17 @@ def test_decode_step_equals_extend(model, fuse):
     def both(params):
         layers = unstack_layers(cfg, params, fuse=fuse)
         _, cache = extend(cfg, params, init_cache(cfg, B, S), tokens, valid)
-        _, cache2 = extend(cfg, params, init_cache(cfg, B, S), tokens, valid, layers=layers)
-        step, outs = to_step_cache(cache2), [(cache.k_LBSKH, cache2.k_LBSKH)]
-        for tok, ok in steps:
+        _, cache2 = extend(cfg, params, init_cache(cfg, B, T), tokens, valid, layers=layers)
+        step = to_step_cache(cache2, chunks)
+        # keys at real tokens (padding slots differ: their queries see no key at all)
+        real = valid[None, :, :, None, None]
+        outs = [(jnp.where(real, cache.k_LBSKH[:, :, :T], 0), jnp.where(real, cache2.k_LBSKH, 0))]
+        for (tok, ok), n_live in zip(steps, live):
             ref, cache = extend(cfg, params, cache, tok[:, None], ok[:, None])
-            got, step = decode_step(cfg, params, layers, step, tok, ok,
+            got, step = decode_step(cfg, params, layers, step, tok, ok, live=n_live,
                                     rope_table=rope_table(cfg, S) if fuse else None)
             outs.append((got, ref[:, 0], step.next_pos_B, cache.next_pos_B, step.valid_BS,
-                         cache.valid_BS))
+                         cache.valid_BS[:, :T + len(steps)]))
         return outs
 
     outs = both(params)
@@ -120,6 +124,18 @@ def test_decode_step_equals_extend(model, fuse):
         np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
         np.testing.assert_array_equal(pos, ref_pos)
         np.testing.assert_array_equal(slots, ref_slots)
+
+
+def test_phase_sizes():
+    """Phases cover max_new_tokens exactly; one phase when the KV cache is small next to the
+    weights (nothing to save), up to MAX_PHASES of >= MIN_PHASE_TOKENS when it is not."""
+    from jaxrl_scale.sampling.decode import MAX_PHASES, phase_sizes
+    cfg = get_config("small")
+    assert phase_sizes(cfg, 1, 16, 64) == (64,)
+    assert phase_sizes(cfg, 256, 16, 64) == (16, 16, 16, 16)
+    for n in (1, 5, 17, 33, 49, 100, 1000):
+        sizes = phase_sizes(cfg, 1024, 16, n)
+        assert sum(sizes) == n and min(sizes) >= 1 and len(sizes) <= MAX_PHASES
 
 
 def test_eos_pads_after_and_lengths(model, greedy_out):

@@ -57,17 +57,26 @@ class GenerateOutput:
 
 @flax.struct.dataclass
 class StepCache:
-    """The KV cache in the decode loop: per layer, keys [B, K, H, S] and values [B, K, S, H].
+    """The KV cache in the decode loop: per layer and chunk, keys [B, K, H, S_c] and values
+    [B, K, S_c, H].
 
     Per-layer arrays (not the decoder's stacked [L, B, S, K, H]) so a step never copies a
-    layer out of the stack; layouts chosen so the one-query attention is two plain batched
-    matmuls without transposes (see `decode_step`). Same slot semantics as `KVCache`.
+    layer out of the stack; layouts chosen so the one-query attention is plain batched matmuls
+    without transposes (see `decode_step`). The slots are split into chunks of static sizes
+    (chunk 0: the prefilled prompt and the first decode phase; then one chunk per further
+    phase) so that a step attends only to the chunks that can hold tokens yet. Same slot
+    semantics as `KVCache`, with slots numbered through the chunks in order.
     """
-    k_BKHS: tuple[jax.Array, ...]
-    v_BKSH: tuple[jax.Array, ...]
-    valid_BS: jax.Array     # bool: slot holds a real token
+    k_BKHS: tuple[tuple[jax.Array, ...], ...]   # [layer][chunk]
+    v_BKSH: tuple[tuple[jax.Array, ...], ...]
+    valid_BS: jax.Array     # bool [B, all slots]: slot holds a real token
     next_pos_B: jax.Array   # int32: RoPE position of each row's next token
     index: jax.Array        # int32 []: next slot to write
+
+    @property
+    def chunk_starts(self) -> tuple[int, ...]:
+        sizes = [k.shape[-1] for k in self.k_BKHS[0]]
+        return tuple(int(x) for x in np.cumsum([0] + sizes))
 
 
 @flax.struct.dataclass
@@ -83,18 +92,27 @@ class DecodeState:
     rng: jax.Array
 
 
-def to_step_cache(cache: KVCache) -> StepCache:
-    """Decoder cache [L, B, S, K, H] -> per-layer keys [B, K, H, S] and values [B, K, S, H]
-    (one copy, after prefill)."""
-    L = cache.k_LBSKH.shape[0]
-    k = tuple(jnp.transpose(cache.k_LBSKH[i], (0, 2, 3, 1)) for i in range(L))
-    v = tuple(jnp.transpose(cache.v_LBSKH[i], (0, 2, 1, 3)) for i in range(L))
-    return StepCache(k_BKHS=k, v_BKSH=v, valid_BS=cache.valid_BS, next_pos_B=cache.next_pos_B,
+def to_step_cache(cache: KVCache, new_chunks: Sequence[int] = ()) -> StepCache:
+    """Decoder cache [L, B, S, K, H] -> a `StepCache` for `sum(new_chunks)` more tokens: chunk 0
+    holds the S slots (one transposing copy, after prefill) plus new_chunks[0] empty slots,
+    then one empty chunk per further size (one chunk when there is one phase, so a single
+    phase loop attends with one matmul pair per layer, as without chunks)."""
+    L, B, _, K, H = cache.k_LBSKH.shape
+    dt = cache.k_LBSKH.dtype
+    first, rest = (new_chunks[0], tuple(new_chunks[1:])) if new_chunks else (0, ())
+    k = tuple((jnp.pad(jnp.transpose(cache.k_LBSKH[i], (0, 2, 3, 1)),
+                       ((0, 0), (0, 0), (0, 0), (0, first))),)
+              + tuple(jnp.zeros((B, K, H, c), dt) for c in rest) for i in range(L))
+    v = tuple((jnp.pad(jnp.transpose(cache.v_LBSKH[i], (0, 2, 1, 3)),
+                       ((0, 0), (0, 0), (0, first), (0, 0))),)
+              + tuple(jnp.zeros((B, K, c, H), dt) for c in rest) for i in range(L))
+    valid_BS = jnp.pad(cache.valid_BS, ((0, 0), (0, sum(new_chunks))))
+    return StepCache(k_BKHS=k, v_BKSH=v, valid_BS=valid_BS, next_pos_B=cache.next_pos_B,
                      index=cache.index)
 
 
 def decode_step(cfg: ModelConfig, params, layers, cache: StepCache, token_B, valid_B, *,
-                rope_table=None):
+                rope_table=None, live: int | None = None):
     """One token per row through the decoder with a `StepCache` -> (logits_BV, cache).
 
     The same math as `extend(cfg, params, cache, token_B[:, None], valid_B[:, None])`
@@ -106,6 +124,10 @@ def decode_step(cfg: ModelConfig, params, layers, cache: StepCache, token_B, val
     then plain row-major batched matmuls ([G, H] x [H, S] and [G, S] x [S, H]); with keys
     [B, K, S, H] the score matmul ran 3x slower than the value one (XLA CPU, B=256).
 
+    live: the step attends to chunks [0, live) only and writes slot `cache.index` into chunk
+    live - 1 (default: all chunks, the last one written); the caller keeps the index inside
+    that chunk. Slots in later chunks are empty, so skipping them changes nothing but time.
+
     The query attends to the cache as it was before this step plus the new key/value as a
     separate score column; the updated cache is only written, never read, in the step.
     Reading the freshly updated cache instead makes XLA (CPU) copy every layer's cache on
@@ -114,33 +136,44 @@ def decode_step(cfg: ModelConfig, params, layers, cache: StepCache, token_B, val
     B = token_B.shape[0]
     N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     idx = cache.index
+    starts = cache.chunk_starts
+    live = len(starts) - 1 if live is None else live
+    offset = idx - starts[live - 1]  # write position inside chunk live - 1
     valid_B1 = valid_B[:, None]
     rope_B1 = rope_tables(cfg, positions_from_valid(valid_B1, cache.next_pos_B), rope_table)
     new_k, new_v = [], []
     x_B1D = embed(cfg, params, token_B[:, None])
     for i, lp in enumerate(layers):
         def attend(q_B1NH, k_B1KH, v_B1KH, i=i):
-            kc, vc = cache.k_BKHS[i], cache.v_BKSH[i]
-            k_BKH1 = jnp.transpose(k_B1KH, (0, 2, 3, 1)).astype(kc.dtype)
-            v_BK1H = jnp.transpose(v_B1KH, (0, 2, 1, 3)).astype(vc.dtype)
+            ks, vs = cache.k_BKHS[i], cache.v_BKSH[i]
+            dt = ks[0].dtype
+            k_BKH1 = jnp.transpose(k_B1KH, (0, 2, 3, 1)).astype(dt)
+            v_BK1H = jnp.transpose(v_B1KH, (0, 2, 1, 3)).astype(dt)
             q_BKGH = q_B1NH.reshape(B, K, N // K, H)
-            old_BKGS = jnp.einsum("bkgh,bkhs->bkgs", q_BKGH, kc.astype(q_BKGH.dtype),
-                                  preferred_element_type=jnp.float32)
-            old_BKGS = jnp.where(cache.valid_BS[:, None, None, :], old_BKGS, _NEG_INF)
+            scores = []
+            for c in range(live):
+                s_BKGS = jnp.einsum("bkgh,bkhs->bkgs", q_BKGH, ks[c].astype(q_BKGH.dtype),
+                                    preferred_element_type=jnp.float32)
+                ok_BS = cache.valid_BS[:, starts[c]:starts[c + 1]]
+                scores.append(jnp.where(ok_BS[:, None, None, :], s_BKGS, _NEG_INF))
             cur_BKG1 = jnp.einsum("bkgh,bkht->bkgt", q_BKGH, k_BKH1.astype(q_BKGH.dtype),
                                   preferred_element_type=jnp.float32)
-            cur_BKG1 = jnp.where(valid_B[:, None, None, None], cur_BKG1, _NEG_INF)
-            scores = jnp.concatenate([old_BKGS, cur_BKG1], axis=-1) * (H ** -0.5)
-            probs = jax.nn.softmax(scores, axis=-1).astype(vc.dtype)
-            out_BKGH = (jnp.einsum("bkgs,bksh->bkgh", probs[..., :-1], vc)
-                        + probs[..., -1:] * v_BK1H)
+            scores.append(jnp.where(valid_B[:, None, None, None], cur_BKG1, _NEG_INF))
+            probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1) * (H ** -0.5),
+                                   axis=-1).astype(dt)
+            out_BKGH = probs[..., -1:] * v_BK1H
+            for c in range(live):
+                out_BKGH = out_BKGH + jnp.einsum(
+                    "bkgs,bksh->bkgh", probs[..., starts[c]:starts[c + 1]], vs[c])
             # In-place cache writes need the reads above ordered before them, and XLA's copy
             # insertion only sees data dependencies: without one it copies both caches every
             # step. `0 * out` (not folded for floats) makes the write depend on the read.
-            tie_BK1H = 0 * out_BKGH[:, :, :1, :].astype(kc.dtype)
-            new_k.append(jax.lax.dynamic_update_slice(
-                kc, k_BKH1 + jnp.swapaxes(tie_BK1H, 2, 3), (0, 0, 0, idx)))
-            new_v.append(jax.lax.dynamic_update_slice(vc, v_BK1H + tie_BK1H, (0, 0, idx, 0)))
+            tie_BK1H = 0 * out_BKGH[:, :, :1, :].astype(dt)
+            w = live - 1
+            new_k.append(ks[:w] + (jax.lax.dynamic_update_slice(
+                ks[w], k_BKH1 + jnp.swapaxes(tie_BK1H, 2, 3), (0, 0, 0, offset)),) + ks[w + 1:])
+            new_v.append(vs[:w] + (jax.lax.dynamic_update_slice(
+                vs[w], v_BK1H + tie_BK1H, (0, 0, offset, 0)),) + vs[w + 1:])
             return out_BKGH.reshape(B, 1, N, H).astype(q_B1NH.dtype)
         x_B1D = _layer(cfg, lp, x_B1D, rope_B1, attend)
     logits_BV = logits_from_hidden(cfg, params, x_B1D)[:, 0]
@@ -207,6 +240,32 @@ def clear_cache() -> None:
     _PREPARED.clear()
 
 
+MAX_PHASES = 4
+MIN_PHASE_TOKENS = 16
+
+
+def phase_sizes(cfg: ModelConfig, batch: int, prompt_len: int, max_new_tokens: int
+                ) -> tuple[int, ...]:
+    """Tokens per decode phase (static): each phase's cache chunk holds its tokens.
+
+    The loop attends only to chunks that can hold tokens, so with P phases it reads on average
+    about (P + 1) / 2P of the generated slots instead of all of them. Each phase is one more
+    compiled loop body and each chunk two more small matmuls per layer, which costs more than
+    it saves when the KV cache is small next to the weights a step reads anyway (small batch,
+    short context): then there is one phase.
+    """
+    N = max_new_tokens
+    itemsize = np.dtype(cfg.dtype).itemsize
+    kv_bytes = 2 * cfg.num_layers * batch * (prompt_len + N) * cfg.num_kv_heads * cfg.head_dim \
+        * itemsize
+    weight_bytes = cfg.num_params() * np.dtype(cfg.param_dtype).itemsize
+    if 4 * kv_bytes < weight_bytes:
+        return (N,)
+    p = min(MAX_PHASES, -(-N // MIN_PHASE_TOKENS))
+    size = -(-N // p)
+    return (size,) * (p - 1) + (N - size * (p - 1),)
+
+
 def _decode(params, layers, tokens_BT, valid_BT, rng, *, cfg: ModelConfig, max_new_tokens: int,
             sampling: SamplingConfig, eos_id: int | None, pad_id: int, batch_spec):
     _TRACES[0] += 1
@@ -225,18 +284,20 @@ def _decode(params, layers, tokens_BT, valid_BT, rng, *, cfg: ModelConfig, max_n
             return c.replace(k_LBSKH=jax.lax.with_sharding_constraint(c.k_LBSKH, batch_spec(5, 1)),
                              v_LBSKH=jax.lax.with_sharding_constraint(c.v_LBSKH, batch_spec(5, 1)),
                              valid_BS=constrain(c.valid_BS), next_pos_B=constrain(c.next_pos_B))
-        return c.replace(k_BKHS=tuple(map(constrain, c.k_BKHS)),
-                         v_BKSH=tuple(map(constrain, c.v_BKSH)),
+        return c.replace(k_BKHS=jax.tree.map(constrain, c.k_BKHS),
+                         v_BKSH=jax.tree.map(constrain, c.v_BKSH),
                          valid_BS=constrain(c.valid_BS), next_pos_B=constrain(c.next_pos_B))
 
-    cache = constrain_cache(init_cache(cfg, B, T + N))
     table = rope_table(cfg, T + N)  # positions never exceed the slots
-    # Prefill all but the last column; the logits of this call are unused and DCE'd, so the
-    # LM head runs only in the loop (left padding: the last column is real for every row).
-    _, cache = extend(cfg, params, cache, tokens_BT[:, :-1], valid_BT[:, :-1], layers=layers)
+    # Prefill all but the last column into a cache of exactly those T - 1 slots; the logits
+    # of this call are unused and DCE'd, so the LM head runs only in the loop (left padding:
+    # the last column is real for every row).
+    _, prefill = extend(cfg, params, constrain_cache(init_cache(cfg, B, T - 1)),
+                        tokens_BT[:, :-1], valid_BT[:, :-1], layers=layers)
+    phases = phase_sizes(cfg, B, T, N)
 
     state = DecodeState(
-        step=jnp.zeros((), jnp.int32), cache=constrain_cache(to_step_cache(cache)),
+        step=jnp.zeros((), jnp.int32), cache=constrain_cache(to_step_cache(prefill, phases)),
         input_B=tokens_BT[:, -1],
         tokens_BN=constrain(jnp.full((B, N), pad_id, jnp.int32)),
         logprobs_BN=constrain(jnp.zeros((B, N), jnp.float32)),
@@ -244,12 +305,9 @@ def _decode(params, layers, tokens_BT, valid_BT, rng, *, cfg: ModelConfig, max_n
         done_B=constrain(~valid_BT[:, -1]),  # bucket dummy rows start done
         rng=rng)
 
-    def cond(s: DecodeState):
-        return (s.step < N) & ~jnp.all(s.done_B)
-
-    def body(s: DecodeState):
+    def step(s: DecodeState, live: int):
         logits_BV, cache = decode_step(cfg, params, layers, s.cache, s.input_B, ~s.done_B,
-                                       rope_table=table)
+                                       rope_table=table, live=live)
         tok_B, logp_B = sampling.get_next_tokens(logits_BV, jax.random.fold_in(s.rng, s.step))
         tok_B = jnp.where(s.done_B, pad_id, tok_B)
         logp_B = jnp.where(s.done_B, 0.0, logp_B)
@@ -262,7 +320,13 @@ def _decode(params, layers, tokens_BT, valid_BT, rng, *, cfg: ModelConfig, max_n
             lengths_B=s.lengths_B + (~s.done_B).astype(jnp.int32),
             done_B=done_B, rng=s.rng)
 
-    s = jax.lax.while_loop(cond, body, state)
+    # One while_loop per phase: phase p writes chunk p and attends to chunks 0..p only.
+    # A phase whose rows are all done runs zero steps, so later phases cost nothing.
+    s, end = state, 0
+    for p, size in enumerate(phases):
+        end += size
+        s = jax.lax.while_loop(lambda s, end=end: (s.step < end) & ~jnp.all(s.done_B),
+                               functools.partial(step, live=p + 1), s)
     return GenerateOutput(tokens=s.tokens_BN, logprobs=s.logprobs_BN, lengths=s.lengths_B,
                           steps=s.step)
 
