@@ -134,7 +134,8 @@ def rope_table(cfg: ModelConfig, length: int):
 
 
 def _rope_tables(positions_BT, head_dim, theta, scaling):
-    freqs_BTh = positions_BT.astype(jnp.float32)[..., None] * rope_inv_freq(head_dim, theta, scaling)
+    inv_freq = rope_inv_freq(head_dim, theta, scaling)
+    freqs_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq
     emb_BTH = jnp.concatenate([freqs_BTh, freqs_BTh], axis=-1)[:, :, None, :]
     return jnp.cos(emb_BTH), jnp.sin(emb_BTH)
 
@@ -145,11 +146,6 @@ def apply_rope(x_BTnH, tables):
     x1, x2 = jnp.split(x_BTnH.astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)
     return (x_BTnH.astype(jnp.float32) * cos + rotated * sin).astype(x_BTnH.dtype)
-
-
-def rope(x_BTnH, positions_BT, theta, scaling=None):
-    """Rotary embedding of x at `positions_BT` (see `apply_rope`)."""
-    return apply_rope(x_BTnH, _rope_tables(positions_BT, x_BTnH.shape[-1], theta, scaling))
 
 
 def _attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS):
@@ -208,9 +204,8 @@ def _layer(cfg, lp, x_BTD, rope_BT, attend):
     # Contract over the merged N*H axis: with "btnh,nhd" XLA (CPU) may pick a (h, n) order for
     # the contraction and transpose the whole wo matrix on every call.
     B, T, N, H = attn_BTNH.shape
-    wo = lp["wo"]
-    wo_ED = wo if wo.ndim == 2 else wo.reshape(N * H, wo.shape[-1])
-    out_BTD = jnp.einsum("bte,ed->btd", attn_BTNH.reshape(B, T, N * H), wo_ED.astype(cfg.jnp_dtype))
+    wo_ED = lp["wo"].reshape(N * H, -1).astype(cfg.jnp_dtype)  # [N, H, D] or fused [N*H, D]
+    out_BTD = jnp.einsum("bte,ed->btd", attn_BTNH.reshape(B, T, N * H), wo_ED)
     if cfg.o_bias:
         out_BTD = out_BTD + lp["bo"].astype(cfg.jnp_dtype)
     x_BTD = x_BTD + out_BTD
