@@ -192,7 +192,10 @@ def _mlp(cfg, lp, x_BTD):
     else:
         gate = jnp.einsum("btd,df->btf", x_BTD, lp["w_gate"].astype(dt))
         up = jnp.einsum("btd,df->btf", x_BTD, lp["w_up"].astype(dt))
-    return jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, lp["w_down"].astype(dt))
+    h_BTF = jax.nn.silu(gate) * up
+    if "w_down_DF" in lp:  # prepared layout from `unstack_layers`
+        return jnp.einsum("btf,df->btd", h_BTF, lp["w_down_DF"].astype(dt))
+    return jnp.einsum("btf,fd->btd", h_BTF, lp["w_down"].astype(dt))
 
 
 def _layer(cfg, lp, x_BTD, rope_BT, attend):
@@ -224,6 +227,12 @@ def unstack_layers(cfg: ModelConfig, params: Params, *, fuse: bool = True) -> tu
     (biases [(N+2K)*H]), gate/up one [D, 2F] and wo a [N*H, D] matrix, so a one-token step
     runs 4 matmuls per layer instead of 7 (fewer, larger kernels: what bounds a step at small
     batch). Both layouts go through the same `_layer`.
+
+    w_down is stored transposed, [D, F] ("w_down_DF"): XLA CPU streams a matrix-vector
+    product with a long contraction (F = 3D) twice as fast as output rows of F contiguous
+    floats (32 vs 17 GB/s for 1536 x 512 at batch 1; the other matrices, contracting over D,
+    are fastest as they are). Measured +9% tokens/s at batch 1 and 4 for `small`, neutral
+    at 64..256 (in-process A/B).
     """
     out = []
     for i in range(cfg.num_layers):
@@ -237,6 +246,7 @@ def unstack_layers(cfg: ModelConfig, params: Params, *, fuse: bool = True) -> tu
                 lp["b_qkv"] = jnp.concatenate([lp.pop(n).reshape(-1) for n in ("bq", "bk", "bv")])
             lp["w_gate_up"] = jnp.concatenate([lp.pop("w_gate"), lp.pop("w_up")], axis=1)
             lp["wo"] = lp["wo"].reshape(-1, lp["wo"].shape[-1])
+            lp["w_down_DF"] = lp.pop("w_down").T
         out.append(lp)
     return tuple(out)
 
