@@ -113,7 +113,7 @@ def time_batch(cfg, params, batch, machine, model) -> dict:
     if hf:
         fns["hf"] = hf_fn(model, cfg, batch)
     fns["matmul"], matmul_flops = bench.matmul_fn(FLAGS.matmul_n, FLAGS.dtype)
-    times = bench.time_interleaved(fns, FLAGS.repeats, warmup=1,
+    times, last = bench.time_interleaved(fns, FLAGS.repeats, warmup=1,
                                    skip_warmup=() if FLAGS.hf_warmup else ("hf",))
     t = statistics.median(times["ours"])
     context = FLAGS.prompt_len + (n - 1) / 2  # mean keys a step attends to
@@ -141,8 +141,8 @@ def time_batch(cfg, params, batch, machine, model) -> dict:
         t_hf = statistics.median(times["hf"])
         row |= dict(hf_time_s=t_hf, hf_times_s=times["hf"], hf_tokens_per_s=batch * n / t_hf)
         row["speedup_vs_hf"] = row["tokens_per_s"] / row["hf_tokens_per_s"]
-        ours_tok = np.asarray(fns["ours"]().tokens)
-        hf_tok = fns["hf"]()[:, FLAGS.prompt_len:].numpy()
+        ours_tok = np.asarray(last["ours"].tokens)
+        hf_tok = last["hf"][:, FLAGS.prompt_len:].numpy()
         row["same_tokens_as_hf"] = float(np.mean(np.all(hf_tok == ours_tok, axis=1)))
     return row
 

@@ -24,35 +24,31 @@ def block(x: Any) -> Any:
 
 def time_calls(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1) -> list[float]:
     """Wall seconds of `repeats` calls of fn() after `warmup` untimed calls (compilation)."""
-    for _ in range(warmup):
-        block(fn())
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        block(fn())
-        times.append(time.perf_counter() - t0)
-    return times
+    return time_interleaved({"fn": fn}, repeats, warmup)[0]["fn"]
 
 
 def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int = 3, warmup: int = 1,
-                     skip_warmup: tuple[str, ...] = ()) -> dict[str, list[float]]:
+                     skip_warmup: tuple[str, ...] = ()
+                     ) -> tuple[dict[str, list[float]], dict[str, Any]]:
     """Wall seconds of each fn, timed round-robin: call 1 of every fn, then call 2, ...
+    -> (times per name, each fn's last output: results to check without another call).
 
     On a shared machine throughput drifts over minutes; alternating the contenders puts each
     round of the comparison in the same time window, so a ratio of medians is not a ratio of
     two different machine states. `skip_warmup`: names with nothing to compile (eager code).
     """
+    last: dict[str, Any] = {}
     for _ in range(warmup):
         for name, fn in fns.items():
             if name not in skip_warmup:
-                block(fn())
+                last[name] = block(fn())
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
             t0 = time.perf_counter()
-            block(fn())
+            last[name] = block(fn())
             times[name].append(time.perf_counter() - t0)
-    return times
+    return times, last
 
 
 def matmul_fn(n: int = 2048, dtype: str = "float32") -> tuple[Callable[[], Any], float]:

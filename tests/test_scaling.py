@@ -220,3 +220,14 @@ def test_critical_generation_batch_saturating():
     assert critical_generation_batch(b[:3], b[:3] * 1.0) is None  # linear: never plateaus
     assert critical_generation_batch([2048, 32, 1024, 512, 256, 128, 64],
                                      [tp[-1], tp[0], *tp[5:0:-1]]) == 1024  # unsorted input
+
+
+def test_time_interleaved_round_robin_and_last_outputs():
+    from jaxrl_scale import bench
+    calls = []
+    fns = {"a": lambda: calls.append("a") or len(calls), "b": lambda: calls.append("b") or -len(calls)}
+    times, last = bench.time_interleaved(fns, repeats=2, warmup=1, skip_warmup=("b",))
+    assert calls == ["a", "a", "b", "a", "b"]  # warm-up skips b; then alternating rounds
+    assert {k: len(v) for k, v in times.items()} == {"a": 2, "b": 2}
+    assert last == {"a": 4, "b": -5}
+    assert len(bench.time_calls(lambda: 0, repeats=3, warmup=0)) == 3

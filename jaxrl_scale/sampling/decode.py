@@ -16,7 +16,8 @@ The loop step is `decode_step`, not `extend`: the decoder's own layer function w
 one-query attention over per-layer caches (keys [B, K, H, S], values [B, K, S, H]); tests check
 it equals `extend` to 1e-5. What makes it fast on CPU (each measured with XLA's profiler on
 `small`; see experiments/decode_bench.py for the end-to-end figures):
-- weights come from `unstack_layers` (per-layer slices, q/k/v and gate/up fused), prepared once
+- weights come from `unstack_layers` (per-layer slices, q/k/v and gate/up fused, w_down
+  transposed to the layout XLA's matrix-vector product streams fastest), prepared once
   per params and reused across calls (`_PreparedLayers`) instead of sliced in every call;
 - the step never reads the cache it writes, and the write depends on the read, so XLA updates
   the caches in place (reading the updated cache cost 3 full cache copies per layer per step);
