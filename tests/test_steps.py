@@ -209,6 +209,29 @@ def test_micro_batch_sqnorm_is_its_own_loss_gradient(params):
     np.testing.assert_allclose(m4["grad_sqnorm"], m4["grad_norm"] ** 2, rtol=1e-5)
 
 
+def test_micro_batches_hold_whole_groups(params):
+    """With group_size G, micro-batch m holds prompt groups m, m + M, ... whole: its squared
+    gradient norm equals that of those groups' loss computed alone, and the summed update
+    still equals the full-batch one."""
+    G, M = 4, 2                                    # 16 rows = 4 groups of 4; 2 micro-batches
+    batch = make_grpo_batch(0)
+    _, (m2,) = run_grpo(params, [batch], M, group_size=G)
+    _, (m1,) = run_grpo(params, [batch], 1)
+    assert tree_diff(m2["grads"], m1["grads"]) <= 1e-5 * tree_norm(m1["grads"])
+    groups = np.arange(B).reshape(-1, G)            # row indices of each group
+    for m in range(M):
+        rows = groups[m::M].reshape(-1)             # micro-batch m: groups m, m + M
+        assert len(set(rows // G)) == B // G // M   # whole groups, no row of another group
+        # Tiling the groups M times keeps their token-mean loss at the full batch shape.
+        sub = jax.tree.map(lambda x: jnp.tile(x[rows], (M,) + (1,) * (x.ndim - 1)), batch)
+        _, (alone,) = run_grpo(params, [sub], 1)
+        np.testing.assert_allclose(m2["grad_sqnorm_micro"][m], tree_norm(alone["grads"]) ** 2,
+                                   rtol=1e-5)
+    with pytest.raises(ValueError, match="micro_batches=3"):
+        steps.grpo_grads(params, batch, cfg=CFG, loss_cfg=LOSS_CFG, micro_batches=3,
+                         group_size=G)
+
+
 @pytest.mark.parametrize("agg", ["seq-mean-token-mean", "seq-mean-token-sum"])
 def test_seq_mean_modes_micro_batch_invariant(params, agg):
     loss_cfg = dataclasses.replace(LOSS_CFG, agg=agg)

@@ -16,8 +16,8 @@ def _base(data_dir):
 
 
 def test_plan_grid_and_lr_rules():
-    sweep = SweepConfig(sweep_dir="/tmp/s", prompts=(4, 8, 16), group_sizes=(8,),
-                        lr_rules=("sqrt", "fixed"), seeds=(0, 1))
+    sweep = SweepConfig(sweep_dir="/tmp/s", prompts=(4, 8, 16), group_sizes=(8,), base_prompts=0,
+                        lr_rules=("sqrt", "fixed"), fixed_prompts=(), pairs=(), seeds=(0, 1))
     runs = plan(sweep, TrainConfig())
     names = [os.path.basename(r.run_dir) for r in runs]
     # fixed lr at the reference batch is the sqrt run: 3 batches x 2 rules - 1, x 2 seeds
@@ -28,11 +28,37 @@ def test_plan_grid_and_lr_rules():
     assert r.batch_train == 128 and r.eval_every == sweep.eval_every_responses // 128
 
 
+def test_default_and_full_study_designs():
+    """The default study: >= 5 batches over >= 16x, >= 3 seeds, the fixed-lr control at >= 2
+    batches, an equal-P*G pair with another G; the full one adds PPO with its own grid."""
+    runs = plan(sweep_mod.study_config("default"), TrainConfig(micro_batches=2))
+    configs = {(r.algo, r.prompts_per_step, r.group_size, r.lr_rule) for r in runs}
+    sqrt_b = sorted({p * g for a, p, g, rule in configs if rule == "sqrt"})
+    assert len(sqrt_b) >= 5 and sqrt_b[-1] / sqrt_b[0] >= 16
+    assert len({p * g for a, p, g, rule in configs if rule == "fixed"}) >= 2
+    by_b = {}
+    for a, p, g, rule in configs:
+        if rule == "sqrt":
+            by_b.setdefault(p * g, set()).add(g)
+    assert any(len(gs) >= 2 for gs in by_b.values())
+    assert len(runs) == 3 * len(configs) and {r.seed for r in runs} == {0, 1, 2}
+    for r in runs:  # whole groups per micro-batch, and every config validates
+        assert r.prompts_per_step % r.micro_batches == 0
+    full = plan(sweep_mod.study_config("full"), TrainConfig(micro_batches=2))
+    ppo = [r for r in full if r.algo == "ppo"]
+    assert ppo and {r.group_size for r in ppo} == {1} and {r.base_batch for r in ppo} == {64}
+    # the full study contains every run of the default one (so it can resume from it)
+    assert {c.run_dir for c in runs} <= {c.run_dir for c in full}
+    with pytest.raises(ValueError, match="study 'nope' is unknown"):
+        sweep_mod.study_config("nope")
+
+
 def test_sweep_resume_skips_finished_runs(tmp_path, monkeypatch):
     data_dir = str(tmp_path / "data")
     sweep = SweepConfig(sweep_dir=str(tmp_path / "sweep"), prompts=(4, 8), group_sizes=(2,),
-                        lr_rules=("sqrt",), max_responses=32, eval_every_responses=16,
-                        target=0.5)
+                        base_prompts=0, lr_rules=("sqrt",), fixed_prompts=(), pairs=(), seeds=(0,),
+                        max_responses=32, eval_every_responses=16, tune_lrs=(1e-3, 3e-3),
+                        tune_responses=16, target=0.5, compile_cache=False)
     calls = []
     real = sweep_mod.run_training
 
@@ -42,23 +68,35 @@ def test_sweep_resume_skips_finished_runs(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sweep_mod, "run_training", counting)
     summary = run_sweep(sweep, _base(data_dir), progress=False)
-    assert sorted(calls) == ["grpo_P4_G2_sqrt_s0", "grpo_P8_G2_sqrt_s0"]
+    assert sorted(calls) == ["grpo_P4_G2_lr0.001", "grpo_P4_G2_lr0.003",
+                             "grpo_P4_G2_sqrt_s0", "grpo_P8_G2_sqrt_s0"]
     assert summary["errors"] == {}
-    # A random tiny policy never reaches 0.5: the analysis says so instead of inventing N*.
-    assert "never reaches target" in summary["analysis_error"]
+    # The tuned lr is recorded and used by every run of the study.
+    with open(os.path.join(sweep.sweep_dir, sweep_mod.TUNE_FILE)) as f:
+        tuned = json.load(f)["tuned"]["grpo"]
+    assert tuned["lr"] in (1e-3, 3e-3) and set(tuned["scores"]) == {"0.001", "0.003"}
+    with open(os.path.join(sweep.sweep_dir, "grpo_P8_G2_sqrt_s0", "config.json")) as f:
+        assert json.load(f)["base_lr"] == tuned["lr"]
+    # A random tiny policy never reaches 0.5: the report says so instead of inventing N*,
+    # and the tuning runs are not study runs.
+    assert "analysis_error" not in summary and summary["reference_reached"] is False
+    assert set(summary["runs"]) == {"grpo_P4_G2_sqrt_s0", "grpo_P8_G2_sqrt_s0"}
+    assert os.path.isfile(summary["report_path"])
     for name in calls:
-        with open(os.path.join(sweep.sweep_dir, name, "DONE.json")) as f:
-            assert json.load(f)["responses"] >= 32
+        d = name if "_sqrt_" in name else os.path.join(sweep_mod.TUNE_DIR, name)
+        with open(os.path.join(sweep.sweep_dir, d, "DONE.json")) as f:
+            assert json.load(f)["responses"] >= (32 if "_sqrt_" in name else 16)
     # A second call redoes nothing; losing one run's DONE marker (a kill) redoes only it.
     calls.clear()
-    run_sweep(sweep, _base(data_dir), progress=False)
+    run_sweep(sweep, _base(data_dir), progress=False, analyse=False)
     assert calls == []
     os.remove(os.path.join(sweep.sweep_dir, "grpo_P8_G2_sqrt_s0", "DONE.json"))
-    run_sweep(sweep, _base(data_dir), progress=False)
+    run_sweep(sweep, _base(data_dir), progress=False, analyse=False)
     assert calls == ["grpo_P8_G2_sqrt_s0"]
 
 
 def test_sweep_rejects_bad_grid_before_running(tmp_path):
-    sweep = SweepConfig(sweep_dir=str(tmp_path), prompts=(2,), group_sizes=(1,))
+    sweep = SweepConfig(sweep_dir=str(tmp_path), prompts=(2,), group_sizes=(1,), base_prompts=0,
+                        fixed_prompts=(), pairs=())
     with pytest.raises(ValueError, match="group_size"):
         run_sweep(sweep, _base(str(tmp_path)), progress=False)

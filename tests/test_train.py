@@ -144,12 +144,30 @@ def test_sigkill_and_resume_matches_uninterrupted(tmp_path, data_dir):
 
 
 def test_ppo_runs_and_logs_critic(tmp_path, data_dir):
-    cfg = tiny_cfg(tmp_path / "ppo", data_dir, algo="ppo", group_size=1, prompts_per_step=8,
-                   max_steps=2)
+    cfg = tiny_cfg(tmp_path / "ppo", data_dir, algo="ppo", group_size=1, prompts_per_step=16,
+                   max_steps=2, micro_batches=2)
     run_training(cfg, progress=False)
-    rec = [r for r in _records(cfg.run_dir) if "score" not in r][-1]
+    recs = _records(cfg.run_dir)
+    rec = [r for r in recs if "score" not in r][-1]
     assert rec["critic_grad_norm"] > 0 and "actor_grad_norm" in rec
-    assert rec["batch_train"] == 8
+    assert rec["batch_train"] == 16
+    # the gradient-norm fields of docs/API.md, for actor and critic: what the noise scale reads
+    assert rec["micro_batch_size"] == 8
+    for who in ("actor", "critic"):
+        assert len(rec[f"{who}_grad_sqnorm_micro"]) == 2
+        assert rec[f"{who}_grad_sqnorm"] == pytest.approx(rec[f"{who}_grad_norm"] ** 2, rel=1e-5)
+    ev = [r for r in recs if "score" in r][-1]
+    assert ev["eval_n"] == cfg.eval_prompts * cfg.eval_samples and "eval_se" in ev
+
+
+def test_eval_se_is_the_within_prompt_sampling_noise():
+    from jaxrl_scale.experiment.train import eval_se
+    # every prompt right in half of its 2 samples: var_p = 1/2, SE = sqrt(P/2 / 2) / P
+    ok = np.array([[1, 0]] * 100, bool)
+    assert eval_se(ok) == pytest.approx(0.5 / np.sqrt(100))
+    # deterministic prompts add no sampling noise; one sample per prompt cannot measure it
+    assert eval_se(np.array([[1, 1], [0, 0]], bool)) == 0.0
+    assert eval_se(np.ones((5, 1), bool)) is None
 
 
 @pytest.mark.parametrize("kw, field", [
@@ -159,6 +177,7 @@ def test_ppo_runs_and_logs_critic(tmp_path, data_dir):
     (dict(eval_every=0), "eval_every"),
     (dict(task="math_jsonl", task_kwargs={"manual_dir": "/no/such/dir"}), "manual_dir"),
     (dict(lr_rule="cubic"), "lr_rule"),
+    (dict(micro_batches=3), "micro_batches.*whole groups"),
 ])
 def test_bad_config_names_the_field(tmp_path, data_dir, kw, field):
     with pytest.raises(ValueError, match=field):

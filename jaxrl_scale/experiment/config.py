@@ -128,9 +128,10 @@ def validate(cfg: TrainConfig, *, data_parallel: int | None = None,
     if cfg.checkpoint_every < 1:
         raise _err("checkpoint_every", f"must be >= 1, got {cfg.checkpoint_every}",
                    "set --checkpoint_every to a positive number of steps")
-    if cfg.micro_batches < 1 or cfg.batch_train % cfg.micro_batches:
-        raise _err("micro_batches", f"{cfg.micro_batches} does not divide the batch "
-                   f"P*G = {cfg.batch_train}", "choose a divisor of prompts_per_step*group_size")
+    if cfg.micro_batches < 1 or cfg.prompts_per_step % cfg.micro_batches:
+        raise _err("micro_batches", f"{cfg.micro_batches} does not divide the "
+                   f"{cfg.prompts_per_step} prompt groups (micro-batches hold whole groups)",
+                   "choose a divisor of prompts_per_step")
     if cfg.max_new_tokens < 1:
         raise _err("max_new_tokens", f"must be >= 1, got {cfg.max_new_tokens}", "raise it")
     if cfg.dual_clip and cfg.dual_clip <= 1:

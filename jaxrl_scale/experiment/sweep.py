@@ -1,8 +1,12 @@
-"""Batch-scaling sweep: a grid of runs, resumable, then the time-to-target analysis + report.
+"""Batch-scaling study: an lr-tuning stage at the reference batch, then a grid of runs with
+seeds, resumable, then the time-to-target analysis with intervals and the report.
 
-Each run lives in SWEEP_DIR/<algo>_P<P>_G<G>_<rule>_s<seed>. Running the sweep again skips
+Protocol (the source's, SCIENCE.md section 2): the base lr is tuned at the reference batch
+B0 = base_prompts * base_group by a small stage of its own (SWEEP_DIR/_lr_tune, recorded in
+lr_tune.json); every other run scales it by its lr rule (sqrt; the fixed-lr control keeps it).
+Each run lives in SWEEP_DIR/<algo>_P<P>_G<G>_<rule>_s<seed>. Running the study again skips
 runs that finished (DONE.json) and resumes partial ones from their checkpoints, so a killed
-sweep loses at most the steps since a run's last checkpoint, never a finished run.
+study loses at most the steps since a run's last checkpoint, never a finished run.
 """
 from __future__ import annotations
 
@@ -13,31 +17,41 @@ import time
 import traceback
 from typing import Any
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from jaxrl_scale import sharding as shd
 from jaxrl_scale.experiment.config import TrainConfig, validate
 from jaxrl_scale.experiment.train import is_finished, run_training
 
+TUNE_DIR = "_lr_tune"          # read_sweep skips "_"-prefixed directories: not study runs
+TUNE_FILE = "lr_tune.json"
+COMPILE_CACHE = "~/.cache/jaxrl_scale/jax_cache"
+
 
 @dataclasses.dataclass(frozen=True)
 class SweepConfig:
-    """The grid. Batch per update B = P * G; lr follows each rule relative to the reference
-    batch base_prompts * base_group (the smallest grid point by default)."""
+    """The study. Batch per update B = P * G (PPO: G = 1). Runs: every (algo, P, G, rule) of
+    the grid, plus the fixed-lr control at ``fixed_prompts`` (base G) and the extra (P, G)
+    points of ``pairs`` (the grid's rules), each for every seed."""
 
     sweep_dir: str = "runs/sweep"
     algos: tuple[str, ...] = ("grpo",)
-    prompts: tuple[int, ...] = (4, 8, 16, 32, 64)
+    prompts: tuple[int, ...] = (8, 16, 32, 64, 128)
     group_sizes: tuple[int, ...] = (8,)
-    lr_rules: tuple[str, ...] = ("sqrt", "fixed")
-    seeds: tuple[int, ...] = (0,)
-    base_prompts: int = 0              # 0: smallest P of the grid
-    base_group: int = 0                # 0: smallest G of the grid
-    max_responses: int = 8192          # response budget per run
-    eval_every_responses: int = 512    # evals at (about) the same N for every batch
-    target: float = 0.0                # 0: no early stop at a target
-    target_margin: float = 0.25
-    analysis_target: float = 0.0       # 0: use `target`; else analyse at this score
+    lr_rules: tuple[str, ...] = ("sqrt",)
+    fixed_prompts: tuple[int, ...] = (32, 64)    # fixed-lr control at these P (base G)
+    pairs: tuple[tuple[int, int], ...] = ((32, 4),)   # equal P*G with another G
+    ppo_prompts: tuple[int, ...] = ()            # PPO's own P grid (default: `prompts`)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    base_prompts: int = 16             # reference P (0: smallest P of the grid)
+    base_group: int = 0                # reference G (0: smallest G of the grid)
+    max_responses: int = 12288         # response budget per run
+    eval_every_responses: int = 3072   # evals at (about) the same N for every batch
+    tune_lrs: tuple[float, ...] = (1e-4, 2e-4, 3e-4)   # lr-tuning stage at B0 (empty: none)
+    tune_responses: int = 6144         # response budget of each tuning run
+    target: float | str = "auto"       # analysis target J* ("auto": from the reference)
+    compile_cache: bool = True         # JAX persistent compilation cache (shared shapes)
 
     def base_batch(self) -> int:
         P0 = self.base_prompts or min(self.prompts)
@@ -45,51 +59,141 @@ class SweepConfig:
         return P0 * G0
 
 
+# What `sweep_batch.py --study=NAME` runs; every field can still be overridden by its flag.
+STUDIES: dict[str, dict[str, Any]] = {
+    # GRPO, 5 batches over 16x (64..1024 responses), reference B0 = 128 (P=16 x G=8) with its
+    # lr tuned first, sqrt lr, the fixed-lr control at B = 256 and 512, the equal-P*G pair
+    # 32 x 4 beside the reference, 3 seeds: 24 runs, about 40 min on 2 CPU cores.
+    "default": {},
+    # The default's runs (reused when run in the same --sweep_dir) plus B = 32, a second pair
+    # (8 x 16) and a PPO sweep over P = 64..1024 with its own tuned lr (actor and critic
+    # noise scales): 45 GRPO/PPO runs and 6 tuning runs.
+    "full": {"algos": ("grpo", "ppo"), "prompts": (4, 8, 16, 32, 64, 128),
+             "pairs": ((32, 4), (8, 16)), "ppo_prompts": (64, 128, 256, 512, 1024)},
+}
+
+
+def study_config(name: str, **overrides) -> SweepConfig:
+    if name not in STUDIES:
+        raise ValueError(f"SweepConfig study {name!r} is unknown. Fix: use one of "
+                         f"{sorted(STUDIES)}.")
+    return SweepConfig(**{**STUDIES[name], **overrides})
+
+
 def run_name(algo: str, P: int, G: int, rule: str, seed: int) -> str:
     return f"{algo}_P{P}_G{G}_{rule}_s{seed}"
 
 
-def plan(sweep: SweepConfig, base: TrainConfig) -> list[TrainConfig]:
-    """Every run of the grid as a TrainConfig. The fixed-lr run at the reference batch is the
-    sqrt run (same lr), so it is run once. PPO uses G = 1 whatever the grid says."""
-    B0 = sweep.base_batch()
-    runs, seen = [], set()
+def _points(sweep: SweepConfig) -> list[tuple[str, int, int, str]]:
+    """(algo, P, G, rule) of every config, in run order (reference first per algo)."""
+    G0 = sweep.base_group or min(sweep.group_sizes)
+    out = []
     for algo in sweep.algos:
-        groups = (1,) if algo == "ppo" else sweep.group_sizes
-        for G in groups:
-            for P in sweep.prompts:
-                for rule in sweep.lr_rules:
-                    for seed in sweep.seeds:
-                        B = P * G
-                        eff_rule = "sqrt" if (B == B0 and rule in ("fixed", "linear")) else rule
-                        name = run_name(algo, P, G, eff_rule, seed)
-                        if name in seen:
-                            continue
-                        seen.add(name)
-                        runs.append(base.replace(
-                            run_dir=os.path.join(sweep.sweep_dir, name), algo=algo,
-                            prompts_per_step=P, group_size=G, lr_rule=eff_rule, seed=seed,
-                            base_batch=B0, max_responses=sweep.max_responses,
-                            max_steps=10 ** 9,
-                            eval_every=max(1, sweep.eval_every_responses // B),
-                            checkpoint_every=max(1, 4 * sweep.eval_every_responses // B),
-                            target=sweep.target, target_margin=sweep.target_margin))
+        if algo == "ppo":
+            ps = sweep.ppo_prompts or sweep.prompts
+            pts = [(algo, P, 1, r) for r in sweep.lr_rules for P in ps]
+        else:
+            pts = [(algo, P, G, r) for r in sweep.lr_rules for G in sweep.group_sizes
+                   for P in sweep.prompts]
+            pts += [(algo, P, G, r) for r in sweep.lr_rules for P, G in sweep.pairs]
+            pts += [(algo, P, G0, "fixed") for P in sweep.fixed_prompts]
+        out += pts
+    seen, uniq = set(), []
+    for p in out:
+        if p not in seen:
+            seen.add(p)
+            uniq.append(p)
+    return uniq
+
+
+def _reference_batch(sweep: SweepConfig, algo: str) -> int:
+    if algo == "ppo":   # PPO's own grid: its smallest P (G = 1)
+        return min(sweep.ppo_prompts or sweep.prompts)
+    return sweep.base_batch()
+
+
+def plan(sweep: SweepConfig, base: TrainConfig, base_lrs: dict[str, float] | None = None
+         ) -> list[TrainConfig]:
+    """Every run of the study as a TrainConfig, seeds innermost. The fixed-lr run at the
+    reference batch is the sqrt run (same lr), so it is run once. ``base_lrs`` {algo: lr}
+    replaces base.base_lr (the tuned lr)."""
+    runs, seen = [], set()
+    for algo, P, G, rule in _points(sweep):
+        B0 = _reference_batch(sweep, algo)
+        B = P * G
+        eff_rule = "sqrt" if (B == B0 and rule in ("fixed", "linear")) else rule
+        for seed in sweep.seeds:
+            name = run_name(algo, P, G, eff_rule, seed)
+            if name in seen:
+                continue
+            seen.add(name)
+            runs.append(base.replace(
+                run_dir=os.path.join(sweep.sweep_dir, name), algo=algo,
+                prompts_per_step=P, group_size=G, lr_rule=eff_rule, seed=seed,
+                base_batch=B0, base_lr=(base_lrs or {}).get(algo, base.base_lr),
+                max_responses=sweep.max_responses, max_steps=10 ** 9,
+                eval_every=max(1, sweep.eval_every_responses // B),
+                checkpoint_every=max(1, 2 * sweep.eval_every_responses // B),
+                target=0.0, target_margin=0.0))
     return runs
 
 
-def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
-              analyse: bool = True) -> dict[str, Any]:
-    """Run (or finish) every run of the grid, then analyse. Returns the summary dict."""
-    runs = plan(sweep, base)
-    for cfg in runs:  # every configuration error surfaces before the first run starts
-        mesh = shd.make_mesh(cfg.mesh_data, cfg.mesh_fsdp, cfg.mesh_tensor)
-        validate(cfg, data_parallel=shd.data_parallel_size(mesh))
-    os.makedirs(sweep.sweep_dir, exist_ok=True)
-    with open(os.path.join(sweep.sweep_dir, "sweep.json"), "w") as f:
-        json.dump({"sweep": dataclasses.asdict(sweep), "base": base.to_json(),
-                   "runs": [os.path.basename(c.run_dir) for c in runs]}, f, indent=2)
+def tune_plan(sweep: SweepConfig, base: TrainConfig) -> list[TrainConfig]:
+    """One run per (algo, lr) at the reference batch, seed 0, shorter budget."""
+    runs = []
+    for algo in sweep.algos:
+        B0 = _reference_batch(sweep, algo)
+        G = 1 if algo == "ppo" else (sweep.base_group or min(sweep.group_sizes))
+        for lr in sweep.tune_lrs:
+            name = f"{algo}_P{B0 // G}_G{G}_lr{lr:g}"
+            runs.append(base.replace(
+                run_dir=os.path.join(sweep.sweep_dir, TUNE_DIR, name), algo=algo,
+                prompts_per_step=B0 // G, group_size=G, lr_rule="sqrt", seed=0, base_batch=B0,
+                base_lr=lr, max_responses=sweep.tune_responses, max_steps=10 ** 9,
+                eval_every=max(1, sweep.eval_every_responses // 2 // B0),
+                checkpoint_every=max(1, sweep.eval_every_responses // B0),
+                target=0.0, target_margin=0.0))
+    return runs
+
+
+def tune_score(run_dir: str) -> float | None:
+    """Mean of the monotone-smoothed eval curve over the run (area under it per response):
+    the sample efficiency the tuned lr should maximise at the reference batch."""
+    from jaxrl_scale.scaling import io as sio, stats
+    run = sio.read_run(run_dir)
+    n, s = run.eval_curve()
+    if n.size < 2 or n[-1] <= n[0]:
+        return None
+    fit = stats.isotonic(s)
+    return float(np.trapezoid(fit, n) / (n[-1] - n[0]))
+
+
+def choose_lrs(sweep: SweepConfig, tune_runs: list[TrainConfig]) -> dict[str, Any]:
+    """{algo: {"lr", "scores": {lr: score}}} from finished tuning runs (highest score)."""
+    out = {}
+    for algo in sweep.algos:
+        scores = {c.base_lr: tune_score(c.run_dir) for c in tune_runs if c.algo == algo}
+        ok = {lr: s for lr, s in scores.items() if s is not None}
+        if ok:
+            out[algo] = {"lr": max(ok, key=lambda lr: (ok[lr], -lr)), "scores": scores,
+                         "criterion": "mean of the monotone-smoothed eval curve"}
+    return out
+
+
+def enable_compile_cache(path: str = COMPILE_CACHE) -> str:
+    """JAX persistent compilation cache: runs that share shapes (seeds, the same batch) load
+    their compiled update and sampler instead of compiling again."""
+    import jax
+    path = os.path.expanduser(path)
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    return path
+
+
+def _run_all(cfgs: list[TrainConfig], desc: str, progress: bool) -> tuple[dict, dict]:
     errors, timings = {}, {}
-    bar = tqdm(runs, desc="sweep", unit="run", disable=not progress)
+    bar = tqdm(cfgs, desc=desc, unit="run", disable=not progress)
     for cfg in bar:
         name = os.path.basename(cfg.run_dir)
         bar.set_postfix(run=name)
@@ -105,19 +209,60 @@ def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
                 f.write(traceback.format_exc())
         timings[name] = time.time() - t0
     bar.close()
+    return errors, timings
+
+
+def _validate_all(sweep: SweepConfig, runs: list[TrainConfig], tune: list[TrainConfig]) -> None:
+    """Every configuration error surfaces before the first run starts."""
+    for algo in sweep.algos:
+        B0 = _reference_batch(sweep, algo)
+        grid = sorted({c.batch_train for c in runs if c.algo == algo})
+        if B0 not in grid:
+            raise ValueError(f"SweepConfig.base_prompts: the {algo} reference batch {B0} "
+                             f"(base_prompts x base_group) is not among the study's batches "
+                             f"{grid}. Fix: set --base_prompts to one of --prompts (0: the "
+                             "smallest).")
+    for cfg in runs + tune:
+        mesh = shd.make_mesh(cfg.mesh_data, cfg.mesh_fsdp, cfg.mesh_tensor)
+        validate(cfg, data_parallel=shd.data_parallel_size(mesh))
+
+
+def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
+              analyse: bool = True) -> dict[str, Any]:
+    """Tune (if asked), run (or finish) every run of the study, then analyse and report.
+    Returns the summary dict, with "errors" (failed runs) and, when the analysis itself could
+    not run, "analysis_error"; a reference that misses the target is reported, not an error."""
+    tune = tune_plan(sweep, base)
+    _validate_all(sweep, plan(sweep, base), tune)
+    if sweep.compile_cache:
+        enable_compile_cache()
+    os.makedirs(sweep.sweep_dir, exist_ok=True)
+    t_start = time.time()
+    errors, timings = _run_all(tune, "lr tuning", progress)
+    lrs = choose_lrs(sweep, tune)
+    if tune:
+        with open(os.path.join(sweep.sweep_dir, TUNE_FILE), "w") as f:
+            json.dump({"reference_batch": {a: _reference_batch(sweep, a) for a in sweep.algos},
+                       "tuned": lrs, "runs": [c.run_dir for c in tune]}, f, indent=2)
+    runs = plan(sweep, base, {a: v["lr"] for a, v in lrs.items()})
+    with open(os.path.join(sweep.sweep_dir, "sweep.json"), "w") as f:
+        json.dump({"sweep": dataclasses.asdict(sweep), "base": base.to_json(),
+                   "base_lrs": {a: v["lr"] for a, v in lrs.items()},
+                   "runs": [os.path.basename(c.run_dir) for c in runs]}, f, indent=2)
+    e2, t2 = _run_all(runs, "sweep", progress)
+    errors.update(e2)
+    timings.update(t2)
     with open(os.path.join(sweep.sweep_dir, "sweep_status.json"), "w") as f:
-        json.dump({"errors": errors, "wall_s_this_call": timings}, f, indent=2)
+        json.dump({"errors": errors, "wall_s_this_call": timings,
+                   "total_wall_s_this_call": time.time() - t_start}, f, indent=2)
     if not analyse:
         return {"errors": errors}
     from jaxrl_scale.experiment.report import analyze_and_report
-    target = sweep.analysis_target or sweep.target
-    if not target:
-        raise ValueError("SweepConfig.analysis_target: no target to analyse at. Fix: pass "
-                         "--target or --analysis_target.")
     from jaxrl_scale.scaling.analysis import AnalysisError
     try:
-        summary = analyze_and_report(sweep.sweep_dir, target=target)
+        summary = analyze_and_report(sweep.sweep_dir, target=sweep.target)
     except AnalysisError as e:  # the runs are safe on disk; say why there is no report
         return {"errors": errors, "analysis_error": str(e)}
     summary["errors"] = errors
+    summary["lr_tune"] = lrs
     return summary

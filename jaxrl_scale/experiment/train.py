@@ -107,7 +107,7 @@ class Run:
         common = dict(cfg=self.model_cfg, loss_cfg=loss_cfg, micro_batches=cfg.micro_batches)
         if cfg.algo == "grpo":
             self.step_fn = make_train_step(grpo_step, self.states, mesh=self.mesh, tx=tx,
-                                           lr_fn=lr_fn, **common)
+                                           lr_fn=lr_fn, group_size=cfg.group_size, **common)
         else:
             _, ctx, clr_fn = optimizer_for(cfg, cfg.critic_base_lr)
             critic = init_critic_from_actor(params, jax.random.PRNGKey(cfg.seed + 1))
@@ -205,7 +205,8 @@ class Run:
                                  rewards_B=rewards_B.astype(np.float32))
             *states, metrics = self.step_fn(*self.states, batch)
             self.states = tuple(states)
-            rec = _scalar_metrics(jax.device_get(metrics))
+            rec = _scalar_metrics(jax.device_get(metrics),
+                                  cfg.batch_train // cfg.micro_batches, cfg.max_grad_norm)
         train_s = time.perf_counter() - t1
         rec.update(
             reward_mean=float(rewards_B.mean()), accuracy=float((rewards_B > 0).mean()),
@@ -221,8 +222,25 @@ class Run:
         seed = jax.random.fold_in(jax.random.PRNGKey(cfg.seed + 7919), step)
         *_, r_sampled = self.sample(self.eval_rows, cfg.eval_samples, seed, cfg.temperature)
         *_, r_greedy = self.sample(self.eval_rows, 1, seed, 0.0)
-        return {"score": float((r_sampled > 0).mean()),
-                "score_greedy": float((r_greedy > 0).mean())}
+        ok_PK = (r_sampled > 0).reshape(len(self.eval_rows), cfg.eval_samples)
+        return {"score": float(ok_PK.mean()), "eval_n": int(ok_PK.size),
+                "eval_se": eval_se(ok_PK), "score_greedy": float((r_greedy > 0).mean()),
+                "eval_n_greedy": int(r_greedy.size)}
+
+
+def eval_se(ok_PK: np.ndarray) -> float | None:
+    """SE of the eval score as an estimate of the policy's mean accuracy on this fixed prompt
+    set: sqrt(sum_p var_p / K) / P with var_p the unbiased within-prompt variance of K samples.
+
+    Every run is evaluated on the same prompts, so which prompts were drawn is common to all
+    of them and cancels in comparisons; what differs between two evals is the sampling of
+    responses. None with one sample per prompt (then the analysis uses eval_n, binomially).
+    """
+    P, K = ok_PK.shape
+    if K < 2:
+        return None
+    var_P = np.var(ok_PK.astype(np.float64), axis=1, ddof=1)
+    return float(np.sqrt(var_P.sum() / K) / P)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
@@ -230,23 +248,23 @@ def _group_advantages(rewards_N, group_size, estimator):
     return losses.group_advantages(rewards_N, group_size, estimator=estimator)
 
 
-def _scalar_metrics(m: dict) -> dict[str, Any]:
-    """Flatten step metrics to JSON: scalars as floats, micro-batch norms as a list."""
+def _scalar_metrics(m: dict, micro_batch_size: int, max_grad_norm: float) -> dict[str, Any]:
+    """Step metrics as JSON under the names of docs/API.md ("Gradient-norm fields"): GRPO's
+    policy is the actor, so its grad_* metrics become actor_grad_*; micro-batch norms a list."""
     out = {}
     for k, v in m.items():
         if k == "grads":
             continue
         a = np.asarray(v)
+        if k.startswith("grad_"):       # GRPO: the policy is the actor
+            k = "actor_" + k
         if k.endswith("grad_sqnorm_micro"):
-            out[k.replace("grad_sqnorm_micro", "micro_sq_norms")] = a.reshape(-1).tolist()
+            out[k] = a.reshape(-1).tolist()
         elif a.ndim == 0:
             out[k] = float(a)
-    if "grad_sqnorm" in out:          # GRPO: the policy is the actor
-        out["full_sq_norm"] = out.pop("grad_sqnorm")
-        out["actor_grad_norm"] = out.get("actor_grad_norm", out.get("grad_norm"))
-    elif "actor_grad_sqnorm" in out:  # PPO: noise scale of the actor
-        out["full_sq_norm"] = out["actor_grad_sqnorm"]
-        out["micro_sq_norms"] = out.get("actor_micro_sq_norms")
+    out["micro_batch_size"] = micro_batch_size
+    if max_grad_norm and "actor_grad_norm" in out:
+        out["clipped"] = bool(out["actor_grad_norm"] > max_grad_norm)
     if "actor_lr" in out:
         out["lr"] = out["actor_lr"]
     return out

@@ -13,8 +13,10 @@ Batch-size invariance (docs/SCIENCE.md section 2). The loss normaliser (valid-to
 token-mean, row counts for the seq-mean modes) is computed from the whole update batch before it
 is split, turned into per-token weights w with sum(x * w) == aggregate(x, mask, agg), and every
 micro-batch contributes sum(x * w) over its rows. Gradients are summed in a `lax.scan`, so the
-update does not depend on the micro-batch count M. Micro-batch m holds rows m, m + M, m + 2M, ...
-so that every micro-batch spans all data-parallel shards.
+update does not depend on the micro-batch count M. Rows are prompt-major (group i is rows
+i*G .. i*G + G - 1) and micro-batch m holds whole groups m, m + M, m + 2M, ...: a group is
+never split (the noise-scale estimator must see between-prompt variance, section 5), and every
+micro-batch still spans all data-parallel shards.
 
 Gradient noise (section 5). `grad_sqnorm_micro` [M] holds |g_m|^2 where g_m is the gradient of
 the loss micro-batch m alone would give under the same aggregation (the "small batch" of the
@@ -158,34 +160,38 @@ def _weighted_sum(loss_fn, *args, weights_BS, **kw):
 # ----------------------------------------------------------------------------- accumulation
 
 
-def _split_rows(x: Array, parts: int) -> Array:
-    """[B, ...] -> [parts, B / parts, ...]; part m holds rows m, m + parts, m + 2 parts, ..."""
+def _split_rows(x: Array, parts: int, group: int = 1) -> Array:
+    """[B, ...] -> [parts, B / parts, ...]; part m holds the row blocks of size ``group``
+    numbered m, m + parts, m + 2 parts, ... (whole groups, in order)."""
     B = x.shape[0]
-    return jnp.swapaxes(x.reshape(B // parts, parts, *x.shape[1:]), 0, 1)
+    x = x.reshape(B // (parts * group), parts, group, *x.shape[1:])
+    return jnp.swapaxes(x, 0, 1).reshape(parts, B // parts, *x.shape[3:])
 
 
 def _sqnorm(tree) -> Array:
     return sum(jnp.sum(jnp.square(_f32(x))) for x in jax.tree_util.tree_leaves(tree))
 
 
-def _check_rows(B: int, parts: int, what: str):
-    if parts < 1 or B % parts:
-        raise ValueError(f"{what}={parts} must be >= 1 and divide the {B} batch rows")
+def _check_rows(B: int, parts: int, what: str, group: int = 1):
+    if parts < 1 or B % (parts * group):
+        per = f" groups of {group} rows" if group > 1 else " batch rows"
+        raise ValueError(f"{what}={parts} must be >= 1 and divide the {B // group}{per}")
 
 
 def accumulate_grads(loss_fn: Callable, params: Any, data: dict[str, Array],
-                     micro_batches: int = 1):
+                     micro_batches: int = 1, group_size: int = 1):
     """Sum the gradients of `loss_fn(params, micro_batch)` over M micro-batches in a lax.scan.
 
+    Micro-batches hold whole groups of `group_size` consecutive rows (see `_split_rows`).
     loss_fn returns (loss, (additive, token_sums, scale)): `additive` metrics are summed over
     micro-batches, `token_sums` are summed too (the caller divides by the token count), and
     `scale` turns the micro-batch's share of the gradient into the gradient of its own loss.
     Returns (grads float32, loss, additive, token_sums, grad_sqnorm_micro [M]).
     """
-    M = int(micro_batches)
+    M, G = int(micro_batches), int(group_size)
     B = jax.tree_util.tree_leaves(data)[0].shape[0]
-    _check_rows(B, M, "micro_batches")
-    split = jax.tree.map(lambda x: _split_rows(x, M), data)
+    _check_rows(B, M, "micro_batches", G)
+    split = jax.tree.map(lambda x: _split_rows(x, M, G), data)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def body(acc, mb):
@@ -320,27 +326,31 @@ def _finish(additive, token_sums, n_tok, sq_M, grads):
 
 
 def _policy_grads(params: Any, data: dict[str, Array], *, cfg: ModelConfig,
-                  loss_cfg: LossConfig, micro_batches: int = 1, remat: bool = False):
+                  loss_cfg: LossConfig, micro_batches: int = 1, remat: bool = False,
+                  group_size: int = 1):
     """Gradients (float32) and metrics of the policy loss over one update batch (action frame)."""
     row_scale_B, denom = _norm_parts(data["mask_BS"], loss_cfg.agg)
     data = dict(data, w_BS=data["mask_BS"] * row_scale_B[:, None] / denom)
     loss_fn = _actor_loss_fn(cfg, loss_cfg, remat, denom)
-    grads, _, additive, token_sums, sq_M = accumulate_grads(loss_fn, params, data, micro_batches)
+    grads, _, additive, token_sums, sq_M = accumulate_grads(loss_fn, params, data, micro_batches,
+                                                            group_size)
     return grads, _finish(additive, token_sums, jnp.sum(data["mask_BS"]), sq_M, grads)
 
 
 def grpo_grads(params: Any, batch: GRPOBatch, *, cfg: ModelConfig, loss_cfg: LossConfig,
-               micro_batches: int = 1, remat: bool = False):
-    """(grads, metrics) of the GRPO loss on the whole batch, accumulated over micro-batches."""
+               micro_batches: int = 1, remat: bool = False, group_size: int = 1):
+    """(grads, metrics) of the GRPO loss on the whole batch, accumulated over micro-batches
+    of whole groups of `group_size` rows."""
     data = _actor_data(batch, _grpo_advantages_BS(batch), loss_cfg)
     return _policy_grads(params, data, cfg=cfg, loss_cfg=loss_cfg, micro_batches=micro_batches,
-                         remat=remat)
+                         remat=remat, group_size=group_size)
 
 
 def _policy_update(state, data, *, cfg, tx, loss_cfg, micro_batches, remat, lr_fn,
-                   with_grads=False):
+                   with_grads=False, group_size=1):
     grads, metrics = _policy_grads(state.params, data, cfg=cfg, loss_cfg=loss_cfg,
-                                   micro_batches=micro_batches, remat=remat)
+                                   micro_batches=micro_batches, remat=remat,
+                                   group_size=group_size)
     state, opt_metrics = apply_grads(state, grads, tx, lr_fn)
     metrics.update(opt_metrics)
     if with_grads:
@@ -351,9 +361,11 @@ def _policy_update(state, data, *, cfg, tx, loss_cfg, micro_batches, remat, lr_f
 def grpo_step(state: TrainState, batch: GRPOBatch, *, cfg: ModelConfig,
               tx: optax.GradientTransformation, loss_cfg: LossConfig = LossConfig(),
               micro_batches: int = 1, num_minibatches: int = 1, epochs: int = 1,
-              remat: bool = False, lr_fn: Optional[Callable] = None, with_grads: bool = False):
+              remat: bool = False, lr_fn: Optional[Callable] = None, with_grads: bool = False,
+              group_size: int = 1):
     """One GRPO (or other outcome-advantage) policy update: (state, batch) -> (state, metrics).
 
+    Micro-batches hold whole prompt groups of `group_size` consecutive rows.
     Clipped surrogate (PPO clip with clip-higher and dual clip), optional KL to the frozen
     reference whose log-probs are in batch.ref_logp_BT, optional entropy bonus, aggregated by
     loss_cfg.agg over the whole batch. Default: one optimizer update for the whole batch
@@ -364,7 +376,7 @@ def grpo_step(state: TrainState, batch: GRPOBatch, *, cfg: ModelConfig,
     data = _actor_data(batch, _grpo_advantages_BS(batch), loss_cfg)
     update = functools.partial(_policy_update, cfg=cfg, tx=tx, loss_cfg=loss_cfg,
                                micro_batches=micro_batches, remat=remat, lr_fn=lr_fn,
-                               with_grads=with_grads)
+                               with_grads=with_grads, group_size=group_size)
     state, metrics = _multi_update(update, state, data, num_minibatches, epochs)
     metrics["actor_grad_norm"] = metrics["grad_norm"]
     return state, metrics

@@ -6,11 +6,16 @@ and the McCandlish noise scale (section 5).
 """
 
 from jaxrl_scale.scaling.analysis import (
+    VERDICTS,
     AnalysisError,
     analyze_runs,
     analyze_sweep,
+    auto_target,
     default_reference,
+    default_references,
+    eval_noise,
     resolve_reference,
+    resolve_references,
     to_jsonable,
     write_summary,
 )
@@ -35,6 +40,14 @@ from jaxrl_scale.scaling.noise import (
     predicted_r_n,
     two_batch_estimates,
 )
+from jaxrl_scale.scaling.stats import (
+    CI_LEVEL,
+    binomial_se,
+    bootstrap_crossing,
+    isotonic,
+    noise_from_curve,
+    quantile_ci,
+)
 from jaxrl_scale.scaling.throughput import (
     critical_generation_batch,
     fit_linear_time,
@@ -42,13 +55,8 @@ from jaxrl_scale.scaling.throughput import (
     throughput_gains,
 )
 from jaxrl_scale.scaling.time_to_target import (
-    best_config,
-    compare,
-    critical_training_batch,
     fit_sigmoid,
-    invariance,
     n_star,
-    seed_stats,
     sigmoid_curve,
     throughput,
     time_at,

@@ -313,7 +313,7 @@ def read_sweep(sweep_dir: str) -> Sweep:
     runs, skipped = [], []
     for entry in sorted(os.listdir(sweep_dir)):
         d = os.path.join(sweep_dir, entry)
-        if not os.path.isdir(d) or entry.startswith("."):
+        if not os.path.isdir(d) or entry.startswith((".", "_")):  # "_": study stages
             continue
         if not os.path.isfile(os.path.join(d, METRICS_FILE)):
             skipped.append({"dir": entry, "reason": f"no {METRICS_FILE}"})

@@ -79,26 +79,42 @@ class NoiseScaleEMA:
         return b_simple(self.g2, self.trace_sigma) if self.count else None
 
 
-def noise_scale_from_records(records: Sequence[dict], batch: float,
-                             micro_batch: float | None = None, beta: float = 0.95) -> dict | None:
-    """B_simple from per-micro-batch squared norms logged during training.
+# Field names of training records (docs/API.md, "Gradient-norm fields"); the second pair
+# is what logs written before that contract carry.
+SQNORM_FIELDS = {"actor": (("actor_grad_sqnorm_micro", "actor_grad_sqnorm"),
+                           ("micro_sq_norms", "full_sq_norm")),
+                 "critic": (("critic_grad_sqnorm_micro", "critic_grad_sqnorm"),)}
 
-    Each record with ``micro_sq_norms`` (list: |g_micro|^2 per micro batch) and
-    ``full_sq_norm`` (|mean of micro grads|^2) gives one two-batch estimate with
-    B_small = micro batch (``micro_batch`` or batch / number of micro batches), B_big = batch;
-    |g_small|^2 is the mean over micro batches. None when no record has both fields.
+
+def _sqnorms(r: dict, who: str):
+    for micro_key, full_key in SQNORM_FIELDS[who]:
+        micro, full = r.get(micro_key), r.get(full_key)
+        if isinstance(micro, (list, tuple)) and isinstance(full, (int, float)):
+            return micro, full
+    return None, None
+
+
+def noise_scale_from_records(records: Sequence[dict], batch: float,
+                             micro_batch: float | None = None, beta: float = 0.95,
+                             who: str = "actor") -> dict | None:
+    """B_simple of the actor (or critic) from per-micro-batch squared norms logged in training.
+
+    Each record with ``{who}_grad_sqnorm_micro`` (list: |g_micro|^2 per micro-batch) and
+    ``{who}_grad_sqnorm`` (|mean of micro grads|^2) gives one two-batch estimate with
+    B_small = ``micro_batch_size`` (record, argument, else batch / number of micro-batches),
+    B_big = batch; |g_small|^2 is the mean over micro-batches. None when no record has both.
     """
     ema = NoiseScaleEMA(beta=beta)
     b_small_used = None
     for r in records:
-        micro = r.get("micro_sq_norms")
-        full = r.get("full_sq_norm")
-        if not isinstance(micro, (list, tuple)) or not isinstance(full, (int, float)):
+        micro, full = _sqnorms(r, who)
+        if micro is None:
             continue
         if len(micro) < 2 or not all(isinstance(m, (int, float)) for m in micro):
             continue  # one micro batch, or a non-finite norm logged as null
         b_big = float(r.get("batch", batch))
-        b_small = float(r.get("micro_batch") or micro_batch or b_big / len(micro))
+        b_small = float(r.get("micro_batch_size") or r.get("micro_batch") or micro_batch
+                        or b_big / len(micro))
         if b_small >= b_big:
             continue
         ema.update(float(np.mean(micro)), float(full), b_small, b_big)
@@ -109,13 +125,13 @@ def noise_scale_from_records(records: Sequence[dict], batch: float,
             "n_updates": ema.count, "b_small": b_small_used, "b_big": float(batch)}
 
 
-def noise_scale_from_run(run: Run, beta: float = 0.95) -> dict | None:
+def noise_scale_from_run(run: Run, who: str = "actor", beta: float = 0.95) -> dict | None:
     """:func:`noise_scale_from_records` on a run's training records."""
     if not run.batch:
         return None
-    mb = config_get(run.config, "micro_batch", "micro_batch_size")
+    mb = config_get(run.config, "micro_batch_size", "micro_batch")
     mb = float(mb) if isinstance(mb, (int, float)) and mb > 0 else None
-    return noise_scale_from_records(run.train, run.batch, micro_batch=mb, beta=beta)
+    return noise_scale_from_records(run.train, run.batch, micro_batch=mb, beta=beta, who=who)
 
 
 def predicted_r_n(batch, batch0, b_crit):

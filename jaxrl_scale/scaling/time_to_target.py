@@ -1,10 +1,9 @@
-"""Time-to-target: N*, q, r_N, r_q, T/T0 (SCIENCE.md section 1), seeds, sigmoid fit, critical
-training batch and the batch-size-invariance check (section 2).
+"""Time-to-target primitives (SCIENCE.md section 1) and the ScaleRL sigmoid fit (section 7).
 
     dJ/dt = dJ/dN * dN/dt;  T = N* / q;  T/T0 = r_N / r_q,  r_N = N*/N0*,  r_q = q/q0.
 
-A larger batch is faster iff r_q > r_N. Runs that never reach the target are reported with
-``reached=False`` and null numbers: never dropped, never extrapolated.
+A larger batch is faster iff r_q > r_N. The analysis with intervals, seeds and verdicts is in
+`scaling.analysis`; runs that never reach the target are reported, never extrapolated.
 """
 
 from __future__ import annotations
@@ -14,11 +13,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jaxrl_scale.scaling.io import Run
-
-# Per-run numbers averaged over seeds of a config group.
-SEED_KEYS = ("N_star", "q", "r_N", "r_q", "T_over_T0", "T", "updates_to_target",
-             "updates_ratio")
 
 
 def _finite(x: Any) -> bool:
@@ -80,136 +74,6 @@ def throughput(train_records: Sequence[dict], n_star_value: float | None) -> flo
 def time_ratio(r_n: float, r_q: float) -> float:
     """T/T0 = r_N / r_q."""
     return r_n / r_q
-
-
-def _ratio(a, b):
-    return float(a / b) if _finite(a) and _finite(b) and b != 0 else None
-
-
-def run_numbers(run: Run, target: float) -> dict:
-    """N*, q, T and updates-to-target of one run (no reference needed)."""
-    n, s = run.eval_curve()
-    ns = n_star(n, s, target) if n.size else None
-    q = throughput(run.train, ns)
-    out = {
-        "N_star": ns,
-        "q": q,
-        "reached": ns is not None,
-        "T": _ratio(ns, q),
-        "updates_to_target": _ratio(ns, run.batch),
-        "batch": run.batch,
-        "n_evals": int(n.size),
-        "max_score": float(np.nanmax(s)) if s.size else None,
-        "final_score": float(s[-1]) if s.size else None,
-    }
-    return out
-
-
-def reference_numbers(runs: Sequence[Run], target: float) -> dict:
-    """N0*, q0, updates0 of a reference: one run, or the seed mean of a config group."""
-    nums = [run_numbers(r, target) for r in runs]
-    reached = [x for x in nums if x["reached"]]
-    if not reached:
-        return {"N_star": None, "q": None, "updates_to_target": None, "n_reached": 0}
-    mean = lambda k: (float(np.mean([x[k] for x in reached])) if all(_finite(x[k]) for x in reached)
-                      else None)
-    return {"N_star": mean("N_star"), "q": mean("q"),
-            "updates_to_target": mean("updates_to_target"), "n_reached": len(reached)}
-
-
-def compare(runs: Sequence[Run], reference: Run | Sequence[Run], target: float) -> dict:
-    """Per-run N_star, q, r_N, r_q, T_over_T0, reached, T, updates_to_target, updates_ratio.
-
-    ``reference`` is one run or a list of seed runs (their mean N* and q are the reference).
-    Raises ValueError when the reference never reaches the target.
-    """
-    ref_runs = [reference] if isinstance(reference, Run) else list(reference)
-    ref = reference_numbers(ref_runs, target)
-    if ref["N_star"] is None:
-        names = ", ".join(r.name for r in ref_runs)
-        best = [run_numbers(r, target)["max_score"] for r in ref_runs]
-        raise ValueError(f"reference ({names}) never reaches target {target} "
-                         f"(best eval score {best}); pick a lower target or another reference")
-    out = {}
-    for run in runs:
-        x = run_numbers(run, target)
-        x["r_N"] = _ratio(x["N_star"], ref["N_star"])
-        x["r_q"] = _ratio(x["q"], ref["q"])
-        x["T_over_T0"] = (time_ratio(x["r_N"], x["r_q"])
-                          if _finite(x["r_N"]) and _finite(x["r_q"]) and x["r_q"] else None)
-        x["updates_ratio"] = _ratio(x["updates_to_target"], ref["updates_to_target"])
-        out[run.name] = x
-    return out
-
-
-def seed_stats(per_run: dict, groups: dict[str, list[str]],
-               keys: Sequence[str] = SEED_KEYS) -> dict:
-    """Mean and std (ddof=0) of each number over the seeds of each config group.
-
-    ``groups`` maps a group name to run names. Means are over seeds that reached the target;
-    ``n_seeds`` and ``n_reached`` say how many there were.
-    """
-    out = {}
-    for g, names in groups.items():
-        rows = [per_run[n] for n in names if n in per_run]
-        st = {"runs": list(names), "n_seeds": len(rows),
-              "n_reached": sum(bool(r.get("reached")) for r in rows),
-              "reached": bool(rows) and all(r.get("reached") for r in rows)}
-        for k in keys:
-            vals = [r[k] for r in rows if r.get("reached") and _finite(r.get(k))]
-            st[k] = float(np.mean(vals)) if vals else None
-            st[k + "_std"] = float(np.std(vals)) if vals else None
-        out[g] = st
-    return out
-
-
-def best_config(per_run: dict) -> str | None:
-    """argmax q / r_N among reached runs (equivalently argmin T/T0)."""
-    best, best_v = None, -math.inf
-    for name, x in per_run.items():
-        if not x.get("reached") or not _finite(x.get("q")) or not _finite(x.get("r_N")):
-            continue
-        if x["r_N"] <= 0:
-            continue
-        v = x["q"] / x["r_N"]
-        if v > best_v:
-            best, best_v = name, v
-    return best
-
-
-def critical_training_batch(points: Sequence[dict], tolerance: float = 0.1) -> float | None:
-    """Largest batch with r_N <= 1 + tolerance.
-
-    ``points``: {"batch", "r_N"} (e.g. seed means), already restricted to the reference's lr
-    rule; points with r_N None (target not reached) never qualify.
-    """
-    ok = [p["batch"] for p in points
-          if _finite(p.get("batch")) and _finite(p.get("r_N")) and p["r_N"] <= 1 + tolerance]
-    return float(max(ok)) if ok else None
-
-
-def invariance(run: Run, reference: Run, band: float | None = None, n_grid: int = 50) -> dict:
-    """Is ``run``'s learning curve J(N) within ``band`` of the reference's on a common grid?
-
-    Both curves are linearly interpolated on ``n_grid`` points over the overlap of their eval
-    ranges. ``within`` is mean |J - J0| <= band; the max deviation is reported too. Default
-    band: 5% of the reference curve's score range.
-    """
-    n, s = run.eval_curve()
-    n0, s0 = reference.eval_curve()
-    if n.size < 2 or n0.size < 2:
-        return {"within": None, "reason": "fewer than 2 eval points"}
-    lo, hi = max(n[0], n0[0]), min(n[-1], n0[-1])
-    if band is None:
-        band = 0.05 * float(np.ptp(s0)) if np.ptp(s0) > 0 else 0.0
-    if hi <= lo:
-        return {"within": None, "reason": "eval ranges do not overlap", "band": band}
-    grid = np.linspace(lo, hi, n_grid)
-    dev = np.interp(grid, n, s) - np.interp(grid, n0, s0)
-    mad = float(np.mean(np.abs(dev)))
-    return {"within": bool(mad <= band), "mean_abs_dev": mad,
-            "max_abs_dev": float(np.max(np.abs(dev))), "mean_dev": float(np.mean(dev)),
-            "band": float(band), "grid": [float(lo), float(hi)]}
 
 
 # ---------------------------------------------------------------------------------------------
