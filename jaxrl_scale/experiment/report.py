@@ -409,9 +409,11 @@ def plot_critical_batches(summary: dict, path: str) -> str:
         lo, hi = _ci(cgb.get("batch_ci"))
         ax1.axvline(cgb["batch"], color="C3", ls="--",
                     label=f"critical generation batch {fmt_ci(cgb['batch'], cgb.get('batch_ci'))}"
-                          + ("" if cgb.get("within_grid") else " (beyond grid)"))
+                          + ("" if cgb.get("within_grid") else " (outside the grid)"))
         if _ok(lo):
-            ax1.axvspan(max(lo, 1e-9), hi if _ok(hi) else ax1.get_xlim()[1], color="C3",
+            # A lower end of 0 (no fixed cost) must not stretch the log axis to 2^-30.
+            floor = min([p["batch"] for p in pts] + [cgb["batch"]]) / 2
+            ax1.axvspan(max(lo, floor), hi if _ok(hi) else ax1.get_xlim()[1], color="C3",
                         alpha=0.08)
     else:
         ax1.plot([], [], " ", label="no critical generation batch estimated")
@@ -629,9 +631,15 @@ def _cgb_line(summary: dict) -> str:
     if not _ok(cgb.get("batch")):
         return (f"Critical generation batch: none (d1 <= 0, the per-response cost is not "
                 f"positive); {fit}.")
+    lo_b = min((p["batch"] for p in pts), default=None)
     grid = max((p["batch"] for p in pts), default=None)
-    where = ("within the measured grid" if cgb.get("within_grid")
-             else f"beyond the measured grid (largest measured {kind} = {fmt(grid)})")
+    if cgb.get("within_grid"):
+        where = "within the measured grid"
+    elif _ok(lo_b) and cgb["batch"] < lo_b:
+        where = (f"below the measured grid (smallest measured {kind} = {fmt(lo_b)}: "
+                 "generation throughput is already near its plateau there)")
+    else:
+        where = f"beyond the measured grid (largest measured {kind} = {fmt(grid)})"
     return (f"Critical generation batch ({kind} beyond which {rule}): "
             f"{fmt_ci(cgb['batch'], cgb.get('batch_ci'))}, {where}; {fit}.")
 
@@ -723,12 +731,18 @@ def _finding_fixed(summary: dict, algo: str) -> tuple[str, str]:
         else:
             und += 1
             det.append(d + " (neither reaches)")
-    text = "; ".join(det)
-    if lag and not no:
+    return _outcome(lag, no, det)
+
+
+def _outcome(yes: int, no: int, details: list[str], all_decided: bool = True
+             ) -> tuple[str, str]:
+    """A finding's mark from how many comparisons support (yes) or contradict (no) it."""
+    text = "; ".join(details)
+    if yes and not no and all_decided:
         return "reproduced", text
-    if no and not lag:
+    if no and not yes:
         return "not reproduced", text
-    return "undetermined", text + (" (mixed)" if lag and no else "")
+    return "undetermined", text + (" (mixed)" if yes and no else "")
 
 
 def _finding_grad(summary: dict, algo: str) -> tuple[str, str]:
@@ -806,12 +820,7 @@ def _finding_pg(summary: dict, algo: str) -> tuple[str, str]:
         else:
             differ += 1
             det.append(d + " (disjoint: differ)")
-    text = "; ".join(det)
-    if alike and not differ and not und:
-        return "reproduced", text
-    if differ and not alike:
-        return "not reproduced", text
-    return "undetermined", text
+    return _outcome(alike, differ, det, all_decided=not und)
 
 
 def _finding_faster(summary: dict, algo: str) -> tuple[str, str]:
@@ -839,9 +848,9 @@ def _finding_faster(summary: dict, algo: str) -> tuple[str, str]:
 
 
 def _cap_text(summary: dict, algo: str) -> str:
-    if algo != summary.get("primary_algo"):
-        return ""
-    tf = (summary.get("critical_generation_batch") or {}).get("train_fit") or {}
+    cgb = _algo_info(summary, algo).get("critical_generation_batch") or (
+        summary.get("critical_generation_batch") if algo == summary.get("primary_algo") else {})
+    tf = (cgb or {}).get("train_fit") or {}
     cap = tf.get("r_q_cap")
     if not _ok(cap):
         return ("; no r_q cap measured (train_s and gen_s per step are both needed for the "
@@ -985,6 +994,13 @@ def _details(summary: dict) -> list[str]:
                        f"({_desc(ref)}): N0* = {fmt_ci(ref.get('N_star'), ref.get('N_star_ci'))} "
                        f"responses, q0 = {fmt_ci(ref.get('q'), ref.get('q_ci'))} responses/s, "
                        f"T0 = {fmt(ref.get('T'))} s.")
+    for algo in _algos(summary):
+        for key, g in sorted((_algo_info(summary, algo).get("grad_norm") or {}).items()):
+            flat = g.get("flattens_after")
+            out.append(f"{algo} {key.split('_')[0]} grad norm vs batch (lr rule {g.get('lr_rule')}, "
+                       f"B={fmt(g['batches'][0])}..{fmt(g['batches'][-1])}): log-log slope "
+                       f"{fmt_ci(g.get('slope'), g.get('slope_ci'), 2)}; "
+                       + (f"flattens after B={fmt(flat)}." if flat else "no flattening."))
     ur = {}
     for g, st in configs.items():
         if _ok(st.get("updates_ratio")) and not _is_ref(summary, g, st):

@@ -165,7 +165,8 @@ def tune_score(run_dir: str) -> float | None:
     if n.size < 2 or n[-1] <= n[0]:
         return None
     fit = stats.isotonic(s)
-    return float(np.trapezoid(fit, n) / (n[-1] - n[0]))
+    area = np.sum(0.5 * (fit[1:] + fit[:-1]) * np.diff(n))   # trapezoid rule
+    return float(area / (n[-1] - n[0]))
 
 
 def choose_lrs(sweep: SweepConfig, tune_runs: list[TrainConfig]) -> dict[str, Any]:

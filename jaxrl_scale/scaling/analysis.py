@@ -282,7 +282,8 @@ def auto_target(ref_stats: Sequence[dict], fraction: float, min_se: float = 3.0
 
 
 def _config_reps(names: list[str], reps: dict, rng) -> tuple[np.ndarray, np.ndarray]:
-    """Seed-resampled replicates of the config's mean N* and mean q (same seed draws)."""
+    """Replicates of the config's mean N* and mean q over its K seeds: seeds resampled with
+    replacement (the same draws for both), each contributing its own replicate b."""
     N = np.stack([reps[n]["N"] for n in names])
     Q = np.stack([reps[n]["q"] for n in names])
     K, B = N.shape
@@ -461,7 +462,7 @@ def step_time_model(runs: Sequence[Run], costs: dict, n_boot: int, rng, level: f
     cgb = k * d0 / d1 if d1 > 0 and d0 > 0 else (0.0 if d1 > 0 else math.inf)
     out.update(d0=d0, d1=d1, d0_ci=_ci(boot[:, 0], level), d1_ci=_ci(boot[:, 1], level),
                batch=_or_none(cgb), batch_ci=_ci(cgb_b, level),
-               within_grid=bool(_fin(cgb) and cgb <= b.max()),
+               within_grid=bool(_fin(cgb) and b.min() <= cgb <= b.max()),
                rule=f"B_gen beyond which a doubling adds < {min_gain:.0%} throughput: "
                     f"(1 - g) d0 / (2 g d1)")
     tt = np.array([x if _fin(x) else np.nan for x in tt], float)
@@ -679,10 +680,13 @@ def analyze_runs(runs: Sequence[Run], target: Any = "auto", reference: str | Non
             "grad_norm": grad_norm_slopes(runs, configs, ref, n_boot, rng, ci_level,
                                           flat_slope),
             "best_set": best.get(algo, []),
+            # Step costs differ by algorithm (PPO also runs a critic): one fit each.
+            "critical_generation_batch": step_time_model(
+                [r for r in runs if (r.algo or "?") == algo], costs, n_boot, rng, ci_level,
+                min_gain, ref.get("batch")),
         }
     p = per_algo[primary]
-    cgb = step_time_model(runs, costs, n_boot, rng, ci_level, min_gain,
-                          (configs.get(p["reference_config"]) or {}).get("batch"))
+    cgb = p["critical_generation_batch"]
     return {
         "ci_level": ci_level,
         "target": p["target"],

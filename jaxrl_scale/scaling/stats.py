@@ -127,17 +127,6 @@ def time_factors(durations: np.ndarray, n_boot: int, rng: np.random.Generator) -
     return d[idx].mean(axis=1) / d.mean()
 
 
-def seed_resample(reps_KB: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """[B] bootstrap replicates of a mean over K seeds: seeds resampled with replacement, each
-    contributing its own replicate b. K = 1 returns that seed's replicates."""
-    reps_KB = np.asarray(reps_KB, dtype=float)
-    K, B = reps_KB.shape
-    if K == 1:
-        return reps_KB[0].copy()
-    pick = rng.integers(0, K, size=(B, K))
-    return reps_KB[pick, np.arange(B)[:, None]].mean(axis=1)
-
-
 def fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
     """Least-squares (intercept, slope) of y = a + b x."""
     x, y = np.asarray(x, float), np.asarray(y, float)
