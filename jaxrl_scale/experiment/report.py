@@ -366,7 +366,8 @@ def plot_time_to_target(summary: dict, path: str) -> str:
                        label=f"{name}: not reached")
     if best:
         ax.scatter([], [], marker="*", s=150, color="gold", edgecolor="k",
-                   label="fastest set: " + ", ".join(sorted(best)))
+                   label=(f"fastest set ({len(best)} configs, see report)" if len(best) > 3
+                          else "fastest set: " + ", ".join(sorted(best))))
     if not ratio:
         ax.text(0.5, 0.5, "no T/T0: the reference did not reach the target\n"
                 "(absolute time to target T of the configs that did)",
@@ -1001,6 +1002,12 @@ def _details(summary: dict) -> list[str]:
                        f"B={fmt(g['batches'][0])}..{fmt(g['batches'][-1])}): log-log slope "
                        f"{fmt_ci(g.get('slope'), g.get('slope_ci'), 2)}; "
                        + (f"flattens after B={fmt(flat)}." if flat else "no flattening."))
+    crit = [(g, st) for g, st in _sorted_configs(summary) if _ok(st.get("critic_b_simple"))]
+    if crit:
+        out.append("Critic noise scale B_simple (seed mean, range): " + "; ".join(
+            f"{g} {fmt(st['critic_b_simple'])}"
+            + (f" ({fmt(st['critic_b_simple_range'][0])}..{fmt(st['critic_b_simple_range'][1])})"
+               if st.get("critic_b_simple_range") else "") for g, st in crit) + ".")
     ur = {}
     for g, st in configs.items():
         if _ok(st.get("updates_ratio")) and not _is_ref(summary, g, st):
