@@ -100,3 +100,29 @@ def test_sweep_rejects_bad_grid_before_running(tmp_path):
                         fixed_prompts=(), pairs=())
     with pytest.raises(ValueError, match="group_size"):
         run_sweep(sweep, _base(str(tmp_path)), progress=False)
+
+
+def _cli(*args):
+    """sweep_from_flags() of experiments/sweep_batch.py for these flags, in a subprocess (its
+    absl flags would clash with other scripts' in this process)."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import sys, dataclasses, json; sys.path.insert(0, 'experiments'); "
+            "import sweep_batch as m; m.FLAGS(['sweep_batch.py', *sys.argv[1:]]); "
+            "print(json.dumps(dataclasses.asdict(m.sweep_from_flags())))")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          cwd=root, timeout=120)
+
+
+def test_cli_flags_override_the_study():
+    res = _cli("--study=full", "--prompts=8,16", "--pairs=16x4", "--tune_lrs=",
+               "--target=0.3", "--seeds=0")
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    full = sweep_mod.study_config("full")
+    assert got["algos"] == list(full.algos) and got["ppo_prompts"] == list(full.ppo_prompts)
+    assert got["prompts"] == [8, 16] and got["pairs"] == [[16, 4]] and got["tune_lrs"] == []
+    assert got["target"] == "0.3" and got["seeds"] == [0]
+    bad = _cli("--pairs=16y4")
+    assert bad.returncode != 0 and "--pairs=16y4" in bad.stderr and "32x4" in bad.stderr
