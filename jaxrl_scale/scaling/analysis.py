@@ -205,23 +205,6 @@ def _durations(run: Run) -> np.ndarray:
     return np.diff(np.r_[0.0, t]) if t.size else np.zeros(0)
 
 
-def _time_at_many(run: Run, n: np.ndarray) -> np.ndarray:
-    """Vectorised `time_to_target.time_at`; +inf stays +inf."""
-    pts = sorted((float(r["responses"]), float(r["time_s"])) for r in run.train)
-    out = np.full(n.shape, np.nan)
-    if not pts:
-        return out
-    nn, tt = np.array(pts).T
-    if nn[0] > 0:
-        nn, tt = np.r_[0.0, nn], np.r_[0.0, tt]
-    rate = (tt[-1] - tt[-2]) / (nn[-1] - nn[-2]) if nn.size > 1 and nn[-1] > nn[-2] else 0.0
-    fin = np.isfinite(n)
-    out[~fin] = np.inf
-    x = n[fin]
-    out[fin] = np.where(x <= nn[-1], np.interp(x, nn, tt), tt[-1] + rate * (x - nn[-1]))
-    return out
-
-
 def run_stats(run: Run, target: float, n_boot: int, rng: np.random.Generator,
               level: float) -> tuple[dict, dict]:
     """(JSON numbers, bootstrap arrays) of one run at ``target``."""
@@ -248,8 +231,8 @@ def run_stats(run: Run, target: float, n_boot: int, rng: np.random.Generator,
         return out, reps
     point, n_reps, fit = stats.bootstrap_crossing(n, s, se, target, n_boot, rng)
     f = stats.time_factors(_durations(run), n_boot, rng)
-    t_point = float(_time_at_many(run, np.array([point]))[0])
-    t_reps = _time_at_many(run, n_reps) * f
+    t_point = float(ttt.time_at_many(run.train, [point])[0])
+    t_reps = ttt.time_at_many(run.train, n_reps) * f
     q_reps = np.where(np.isfinite(n_reps), stats.ratio(n_reps, t_reps), q_all / f)
     reached = math.isfinite(point)
     q = point / t_point if reached and t_point > 0 else q_all

@@ -42,23 +42,34 @@ def n_star(responses: Sequence[float], scores: Sequence[float], target: float) -
     return None
 
 
-def time_at(train_records: Sequence[dict], n: float) -> float | None:
-    """Cumulative wall seconds at ``n`` responses, interpolated between training records.
+def time_at_many(train_records: Sequence[dict], n) -> np.ndarray:
+    """Cumulative wall seconds at each of ``n`` responses, interpolated between training
+    records; NaN when no record has both fields, +inf stays +inf.
 
     (0 responses, 0 s) anchors the start. Past the last record the last segment's rate is
     extended (evals are often logged a little after the last training record).
     """
+    n = np.asarray(n, dtype=float)
+    out = np.full(n.shape, np.nan)
     pts = sorted((float(r["responses"]), float(r["time_s"])) for r in train_records
                  if _finite(r.get("responses")) and _finite(r.get("time_s")))
     if not pts:
-        return None
+        return out
     nn, tt = np.array(pts).T
     if nn[0] > 0:
         nn, tt = np.r_[0.0, nn], np.r_[0.0, tt]
-    if n <= nn[-1]:
-        return float(np.interp(n, nn, tt))
-    rate = (tt[-1] - tt[-2]) / (nn[-1] - nn[-2]) if nn[-1] > nn[-2] else 0.0
-    return float(tt[-1] + rate * (n - nn[-1]))
+    rate = (tt[-1] - tt[-2]) / (nn[-1] - nn[-2]) if nn.size > 1 and nn[-1] > nn[-2] else 0.0
+    fin = np.isfinite(n)
+    out[~fin] = np.inf
+    x = n[fin]
+    out[fin] = np.where(x <= nn[-1], np.interp(x, nn, tt), tt[-1] + rate * (x - nn[-1]))
+    return out
+
+
+def time_at(train_records: Sequence[dict], n: float) -> float | None:
+    """`time_at_many` at one N; None when no record has both responses and time_s."""
+    t = float(time_at_many(train_records, [n])[0])
+    return None if math.isnan(t) else t
 
 
 def throughput(train_records: Sequence[dict], n_star_value: float | None) -> float | None:
