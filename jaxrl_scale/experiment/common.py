@@ -22,8 +22,9 @@ def load_splits(task: str, task_kwargs: dict, data_dir: str, num_train: int = 0,
 def prompt_length(tokenizer, sources, max_prompt_len: int, context: int, field: str) -> int:
     """Token length every prompt is left-padded to.
 
-    max_prompt_len = 0 picks the longest prompt in `sources` rounded up to a multiple of 8;
-    a positive value is checked against every prompt. Either way the result must fit the
+    max_prompt_len = 0 picks the longest prompt in `sources` (not rounded up: every padded
+    position costs the update and the prefill as much as a real token); a positive value is
+    checked against every prompt. Either way the result must fit the
     model context (checked by the caller with max_new_tokens).
     """
     longest, where = 0, None
@@ -33,7 +34,7 @@ def prompt_length(tokenizer, sources, max_prompt_len: int, context: int, field: 
             if n > longest:
                 longest, where = n, (name, i)
     if max_prompt_len <= 0:
-        return -(-longest // 8) * 8
+        return longest
     if longest > max_prompt_len:
         raise ValueError(
             f"{field}: {where[0]} example {where[1]} has a {longest}-token prompt > "

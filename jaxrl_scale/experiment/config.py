@@ -24,7 +24,7 @@ class TrainConfig:
     task_kwargs: dict = dataclasses.field(default_factory=lambda: dict(DEFAULT_TASK_KWARGS))
     num_train_examples: int = 8000     # 0: the builder's default
     num_test_examples: int = 500
-    max_prompt_len: int = 0            # 0: longest prompt in the data, rounded up to 8
+    max_prompt_len: int = 0            # 0: longest prompt in the data
     # --- model
     model: str = "rl_cpu"              # preset name, used when no checkpoint is given
     hf_checkpoint: str = ""            # HF directory (config.json + safetensors)

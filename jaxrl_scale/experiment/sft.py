@@ -42,7 +42,7 @@ class SFTConfig:
     eval_every: int = 50
     eval_prompts: int = 256
     target_accuracy: float = 0.3    # stop here: leaves RL headroom
-    max_prompt_len: int = 0         # 0: automatic (longest prompt rounded up to 8)
+    max_prompt_len: int = 0         # 0: automatic (longest prompt in the data)
     max_new_tokens: int = 6
     seed: int = 0
     cache_dir: str = "~/.cache/jaxrl_scale/sft"

@@ -161,11 +161,48 @@ def _attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS):
     return out_BTKGH.reshape(B, T, N, H)
 
 
+def dense(x, w, n_in: int = 1):
+    """x [..., in] @ w [in, out]: contract the last `n_in` axes of x with the first of w.
+
+    Custom VJP so the weight gradient is dot(x, g) over the leading (batch/time) axes, with
+    the activation as left operand. Autodiff's transpose rule emits dot(g, x) and a transpose
+    of the [in, out] result; XLA:CPU then materialises g transposed ([out, B*T], fused with
+    the elementwise backward of its producer), which on `rl_cpu` cost as much as the matmul.
+    Same math either way; `tests/test_decoder.py` checks the gradients against autodiff's.
+    """
+    return _dense(x, w, n_in)
+
+
+def _dense_dims(x_ndim, n_in):
+    return (tuple(range(x_ndim - n_in, x_ndim)), tuple(range(n_in))), ((), ())
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _dense(x, w, n_in):
+    return jax.lax.dot_general(x, w, _dense_dims(x.ndim, n_in))
+
+
+def _dense_fwd(x, w, n_in):
+    return _dense(x, w, n_in), (x, w)
+
+
+def _dense_bwd(n_in, res, g):
+    x, w = res
+    n_lead = x.ndim - n_in
+    dx = jax.lax.dot_general(g, w, ((tuple(range(n_lead, g.ndim)), tuple(range(n_in, w.ndim))),
+                                    ((), ())))
+    dw = jax.lax.dot_general(x, g, ((tuple(range(n_lead)), tuple(range(n_lead))), ((), ())))
+    return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+_dense.defvjp(_dense_fwd, _dense_bwd)
+
+
 def _qkv(cfg, lp, x_BTD, rope_BT):
     dt = cfg.jnp_dtype
     N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     if "w_qkv" in lp:  # fused layout from `unstack_layers`: one matmul instead of three
-        qkv = jnp.einsum("btd,de->bte", x_BTD, lp["w_qkv"].astype(dt))
+        qkv = dense(x_BTD, lp["w_qkv"].astype(dt))
         if cfg.attention_bias:
             qkv = qkv + lp["b_qkv"].astype(dt)
         B, T = qkv.shape[:2]
@@ -173,9 +210,9 @@ def _qkv(cfg, lp, x_BTD, rope_BT):
         k = qkv[..., N * H:(N + K) * H].reshape(B, T, K, H)
         v = qkv[..., (N + K) * H:].reshape(B, T, K, H)
     else:
-        q = jnp.einsum("btd,dnh->btnh", x_BTD, lp["wq"].astype(dt))
-        k = jnp.einsum("btd,dkh->btkh", x_BTD, lp["wk"].astype(dt))
-        v = jnp.einsum("btd,dkh->btkh", x_BTD, lp["wv"].astype(dt))
+        q = dense(x_BTD, lp["wq"].astype(dt))
+        k = dense(x_BTD, lp["wk"].astype(dt))
+        v = dense(x_BTD, lp["wv"].astype(dt))
         if cfg.attention_bias:
             q, k, v = q + lp["bq"].astype(dt), k + lp["bk"].astype(dt), v + lp["bv"].astype(dt)
     if cfg.qk_norm:  # Qwen3: per-head RMSNorm before RoPE
@@ -187,15 +224,16 @@ def _qkv(cfg, lp, x_BTD, rope_BT):
 def _mlp(cfg, lp, x_BTD):
     dt = cfg.jnp_dtype
     if "w_gate_up" in lp:  # fused layout from `unstack_layers`
-        gate, up = jnp.split(jnp.einsum("btd,df->btf", x_BTD, lp["w_gate_up"].astype(dt)), 2,
-                             axis=-1)
+        gate, up = jnp.split(dense(x_BTD, lp["w_gate_up"].astype(dt)), 2, axis=-1)
     else:
-        gate = jnp.einsum("btd,df->btf", x_BTD, lp["w_gate"].astype(dt))
-        up = jnp.einsum("btd,df->btf", x_BTD, lp["w_up"].astype(dt))
+        # One [D, 2, F] matmul instead of two [D, F] ones (fewer, larger kernels: -20% update
+        # time on rl_cpu). Stacked, not concatenated, so a tensor-sharded F stays block-sharded.
+        w_D2F = jnp.stack([lp["w_gate"], lp["w_up"]], axis=1).astype(dt)
+        gate, up = (h[:, :, 0] for h in jnp.split(dense(x_BTD, w_D2F), 2, axis=2))
     h_BTF = jax.nn.silu(gate) * up
     if "w_down_DF" in lp:  # prepared layout from `unstack_layers`
         return jnp.einsum("btf,df->btd", h_BTF, lp["w_down_DF"].astype(dt))
-    return jnp.einsum("btf,fd->btd", h_BTF, lp["w_down"].astype(dt))
+    return dense(h_BTF, lp["w_down"].astype(dt))
 
 
 def _layer(cfg, lp, x_BTD, rope_BT, attend):
@@ -208,7 +246,7 @@ def _layer(cfg, lp, x_BTD, rope_BT, attend):
     # the contraction and transpose the whole wo matrix on every call.
     B, T, N, H = attn_BTNH.shape
     wo_ED = lp["wo"].reshape(N * H, -1).astype(cfg.jnp_dtype)  # [N, H, D] or fused [N*H, D]
-    out_BTD = jnp.einsum("bte,ed->btd", attn_BTNH.reshape(B, T, N * H), wo_ED)
+    out_BTD = dense(attn_BTNH.reshape(B, T, N * H), wo_ED)
     if cfg.o_bias:
         out_BTD = out_BTD + lp["bo"].astype(cfg.jnp_dtype)
     x_BTD = x_BTD + out_BTD
