@@ -46,8 +46,8 @@ class SweepConfig:
     seeds: tuple[int, ...] = (0, 1, 2)
     base_prompts: int = 16             # reference P (0: smallest P of the grid)
     base_group: int = 0                # reference G (0: smallest G of the grid)
-    max_responses: int = 12288         # response budget per run
-    eval_every_responses: int = 3072   # evals at (about) the same N for every batch
+    max_responses: int = 16384         # response budget per run
+    eval_every_responses: int = 4096   # evals at (about) the same N for every batch
     tune_lrs: tuple[float, ...] = (1e-4, 2e-4, 3e-4)   # lr-tuning stage at B0 (empty: none)
     tune_responses: int = 6144         # response budget of each tuning run
     target: float | str = "auto"       # analysis target J* ("auto": from the reference)
