@@ -109,9 +109,45 @@ def prefill_flops(cfg: ModelConfig, batch: int, tokens: int) -> float:
 
 
 def decode_step_bytes(cfg: ModelConfig, batch: int, context: float) -> float:
-    """Bytes a decode step must read: the matmul weights once + K and V of `context` slots
-    per row (in the compute dtype)."""
-    w = matmul_params(cfg) * np.dtype(cfg.param_dtype).itemsize
+    """Bytes a decode step must read: the matmul weights once (layers in the compute dtype,
+    as `unstack_layers` prepares them; the LM head in the param dtype) + K and V of `context`
+    slots per row (in the compute dtype)."""
+    head = cfg.vocab_size * cfg.hidden_size
+    w = (matmul_params(cfg) - head) * np.dtype(cfg.dtype).itemsize + \
+        head * np.dtype(cfg.param_dtype).itemsize
     kv = 2.0 * cfg.num_layers * batch * context * cfg.num_kv_heads * cfg.head_dim \
         * np.dtype(cfg.dtype).itemsize
     return w + kv
+
+
+# ----------------------------------------------------------------------------- chip peaks
+
+# Published per-chip peaks: dense (no sparsity) matmul FLOP/s by dtype and HBM bandwidth.
+# Sources: NVIDIA A100 datasheet (SXM4 80GB), H100 datasheet (SXM5), H200 product brief (SXM);
+# Google Cloud TPU system-architecture pages for v5e, v5p and v6e (Trillium).
+CHIPS: dict[str, dict] = {
+    "A100": dict(flops={"bfloat16": 312e12, "float32": 19.5e12}, hbm_bytes_per_s=2.039e12,
+                 hbm_bytes=80e9, source="NVIDIA A100 Tensor Core GPU datasheet, SXM4 80GB"),
+    "H100": dict(flops={"bfloat16": 989e12, "float32": 67e12}, hbm_bytes_per_s=3.35e12,
+                 hbm_bytes=80e9, source="NVIDIA H100 Tensor Core GPU datasheet, SXM5"),
+    "H200": dict(flops={"bfloat16": 989e12, "float32": 67e12}, hbm_bytes_per_s=4.8e12,
+                 hbm_bytes=141e9, source="NVIDIA H200 Tensor Core GPU product brief, SXM"),
+    "TPU v5e": dict(flops={"bfloat16": 197e12}, hbm_bytes_per_s=819e9, hbm_bytes=16e9,
+                    source="cloud.google.com/tpu/docs/v5e"),
+    "TPU v5p": dict(flops={"bfloat16": 459e12}, hbm_bytes_per_s=2.765e12, hbm_bytes=95e9,
+                    source="cloud.google.com/tpu/docs/v5p"),
+    "TPU v6e": dict(flops={"bfloat16": 918e12}, hbm_bytes_per_s=1.64e12, hbm_bytes=32e9,
+                    source="cloud.google.com/tpu/docs/v6e"),
+}
+_KIND_ALIASES = (("v5 lite", "TPU v5e"), ("v5e", "TPU v5e"), ("v5p", "TPU v5p"),
+                 ("v6 lite", "TPU v6e"), ("v6e", "TPU v6e"), ("h200", "H200"), ("h100", "H100"),
+                 ("a100", "A100"))
+
+
+def chip_peaks(device_kind: str) -> tuple[str, dict] | None:
+    """(name, CHIPS entry) for a `jax.Device.device_kind` string, or None (e.g. a CPU)."""
+    kind = device_kind.lower()
+    for alias, name in _KIND_ALIASES:
+        if alias in kind:
+            return name, CHIPS[name]
+    return None

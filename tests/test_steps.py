@@ -318,3 +318,27 @@ def test_ppo_step_micro_batch_invariant_and_updates_critic(params):
         return losses.value_loss(v, adv["values_BS"], adv["returns_BS"], adv["mask_BS"],
                                  clip=None)[0]
     assert float(vloss(c1.params, critic)) < float(vloss(critic, critic))
+
+
+def test_float32_master_params_with_bfloat16_compute(params):
+    """The accelerator presets' policy (param_dtype float32, dtype bfloat16): Adam keeps float32
+    weights and moments, and the bf16 update stays close to the all-float32 one."""
+    assert all(get_config(n).param_dtype == "float32" and get_config(n).dtype == "bfloat16"
+               for n in ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen3-0.6b", "qwen3-1.7b"))
+    cfg16 = CFG.replace(dtype="bfloat16")
+    batch = make_grpo_batch(5)
+    out = {}
+    for name, cfg in (("f32", CFG), ("bf16", cfg16)):
+        fn = steps.make_train_step(steps.grpo_step, donate=False, compiler_options=FAST_COMPILE,
+                                   cfg=cfg, tx=TX, loss_cfg=LOSS_CFG, with_grads=True)
+        out[name] = fn(new_state(params), batch)
+    state16, m16 = out["bf16"]
+    leaves = jax.tree_util.tree_leaves((state16.params, state16.opt_state))
+    assert all(x.dtype in (jnp.float32, jnp.int32) for x in leaves)
+    g32, g16 = (np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in
+                                jax.tree_util.tree_leaves(out[n][1]["grads"])])
+                for n in ("f32", "bf16"))
+    cos = g32 @ g16 / np.linalg.norm(g32) / np.linalg.norm(g16)
+    assert cos > 0.99, cos
+    moved = tree_diff(state16.params, params)
+    assert 0 < moved and np.isfinite(moved)

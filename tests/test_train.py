@@ -21,7 +21,7 @@ from jaxrl_scale.rl.state import create_train_state
 from jaxrl_scale.rl.steps import GRPOBatch, LossConfig, grpo_step
 from jaxrl_scale.sampling import generate
 
-TIME_KEYS = {"time_s", "gen_s", "train_s", "eval_s", "compile_s"}
+TIME_KEYS = {"time_s", "gen_s", "decode_s", "train_s", "update_s", "eval_s", "compile_s"}
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +197,28 @@ def test_prompt_longer_than_context(tmp_path, data_dir):
         Run(tiny_cfg(tmp_path, data_dir, max_prompt_len=3))
     with pytest.raises(ValueError, match="context"):
         Run(tiny_cfg(tmp_path, data_dir, max_prompt_len=8, max_new_tokens=250))
+
+
+def test_step0_eval_shared_by_runs_that_start_alike(tmp_path, data_dir, monkeypatch):
+    """initial_eval: a second run from the same params / eval settings / seed reuses the first
+    run's step-0 eval (bit-identical by construction); another seed evaluates afresh."""
+    from jaxrl_scale.experiment import train as train_mod
+    calls = []
+    real = train_mod.Run.evaluate
+
+    def counting(self, step):
+        calls.append((self.cfg.run_dir, step))
+        return real(self, step)
+
+    monkeypatch.setattr(train_mod.Run, "evaluate", counting)
+    cache = str(tmp_path / "_eval0")
+    kw = dict(max_steps=1, eval_every=100)
+    run_training(tiny_cfg(tmp_path / "a", data_dir, **kw), progress=False, eval0_cache=cache)
+    run_training(tiny_cfg(tmp_path / "b", data_dir, prompts_per_step=2, **kw), progress=False,
+                 eval0_cache=cache)
+    run_training(tiny_cfg(tmp_path / "c", data_dir, seed=1, **kw), progress=False,
+                 eval0_cache=cache)
+    assert [os.path.basename(d) for d, _ in calls] == ["a", "c"]
+    first = [_strip_times(_records(tmp_path / n))[0] for n in "abc"]
+    assert first[0] == first[1] and first[0]["score"] is not None
+    assert len(os.listdir(cache)) == 2

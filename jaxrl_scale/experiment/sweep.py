@@ -26,6 +26,7 @@ from jaxrl_scale.experiment.train import is_finished, run_training
 
 TUNE_DIR = "_lr_tune"          # read_sweep skips "_"-prefixed directories: not study runs
 TUNE_FILE = "lr_tune.json"
+EVAL0_DIR = "_eval0"            # step-0 evals shared by runs that start alike (train.py)
 COMPILE_CACHE = "~/.cache/jaxrl_scale/jax_cache"
 
 
@@ -46,8 +47,8 @@ class SweepConfig:
     seeds: tuple[int, ...] = (0, 1, 2)
     base_prompts: int = 16             # reference P (0: smallest P of the grid)
     base_group: int = 0                # reference G (0: smallest G of the grid)
-    max_responses: int = 16384         # response budget per run
-    eval_every_responses: int = 4096   # evals at (about) the same N for every batch
+    max_responses: int = 15360         # response budget per run
+    eval_every_responses: int = 5120   # evals at the same N for every batch (64..1024 divide it)
     tune_lrs: tuple[float, ...] = (1e-4, 2e-4, 3e-4)   # lr-tuning stage at B0 (empty: none)
     tune_responses: int = 6144         # response budget of each tuning run
     target: float | str = "auto"       # analysis target J* ("auto": from the reference)
@@ -63,7 +64,7 @@ class SweepConfig:
 STUDIES: dict[str, dict[str, Any]] = {
     # GRPO, 5 batches over 16x (64..1024 responses), reference B0 = 128 (P=16 x G=8) with its
     # lr tuned first, sqrt lr, the fixed-lr control at B = 256 and 512, the equal-P*G pair
-    # 32 x 4 beside the reference, 3 seeds: 24 runs, about 40 min on 2 CPU cores.
+    # 32 x 4 beside the reference, 3 seeds: 24 runs, about 35 min on 2 CPU cores.
     "default": {},
     # The default's runs (reused when run in the same --sweep_dir) plus B = 32, a second pair
     # (8 x 16) and a PPO sweep over P = 64..1024 with its own tuned lr (actor and critic
@@ -192,7 +193,8 @@ def enable_compile_cache(path: str = COMPILE_CACHE) -> str:
     return path
 
 
-def _run_all(cfgs: list[TrainConfig], desc: str, progress: bool) -> tuple[dict, dict]:
+def _run_all(cfgs: list[TrainConfig], desc: str, progress: bool,
+             eval0_cache: str | None = None) -> tuple[dict, dict]:
     errors, timings = {}, {}
     bar = tqdm(cfgs, desc=desc, unit="run", disable=not progress)
     for cfg in bar:
@@ -202,7 +204,7 @@ def _run_all(cfgs: list[TrainConfig], desc: str, progress: bool) -> tuple[dict, 
             continue
         t0 = time.time()
         try:
-            run_training(cfg, progress=progress)
+            run_training(cfg, progress=progress, eval0_cache=eval0_cache)
         except Exception as e:  # keep going: one broken run must not cost the others
             errors[name] = f"{type(e).__name__}: {e}"
             os.makedirs(cfg.run_dir, exist_ok=True)
@@ -239,7 +241,8 @@ def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
         enable_compile_cache()
     os.makedirs(sweep.sweep_dir, exist_ok=True)
     t_start = time.time()
-    errors, timings = _run_all(tune, "lr tuning", progress)
+    eval0 = os.path.join(sweep.sweep_dir, EVAL0_DIR)  # runs from one checkpoint share it
+    errors, timings = _run_all(tune, "lr tuning", progress, eval0)
     lrs = choose_lrs(sweep, tune)
     if tune:
         with open(os.path.join(sweep.sweep_dir, TUNE_FILE), "w") as f:
@@ -250,7 +253,7 @@ def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
         json.dump({"sweep": dataclasses.asdict(sweep), "base": base.to_json(),
                    "base_lrs": {a: v["lr"] for a, v in lrs.items()},
                    "runs": [os.path.basename(c.run_dir) for c in runs]}, f, indent=2)
-    e2, t2 = _run_all(runs, "sweep", progress)
+    e2, t2 = _run_all(runs, "sweep", progress, eval0)
     errors.update(e2)
     timings.update(t2)
     with open(os.path.join(sweep.sweep_dir, "sweep_status.json"), "w") as f:

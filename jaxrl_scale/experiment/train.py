@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import time
@@ -155,12 +156,14 @@ class Run:
 
     def sample(self, examples, group: int, seed, temperature: float, score: bool = True):
         prompts = [self.tok.encode(e["prompt"]) for e in examples for _ in range(group)]
+        t0 = time.perf_counter()
         out = generate(self.model_cfg, self.params, prompts,
                        max_new_tokens=self.cfg.max_new_tokens, temperature=temperature,
                        top_k=self.cfg.top_k, top_p=self.cfg.top_p, eos_id=self.tok.eos_id,
                        pad_id=self.tok.pad_id, seed=seed, mesh=self.mesh)
         tokens, logps, lengths = (np.asarray(out.tokens), np.asarray(out.logprobs),
                                   np.asarray(out.lengths))
+        self.last_decode_s = time.perf_counter() - t0  # the jitted decode, transfers included
         if not score:
             return prompts, tokens, logps, lengths, None
         texts = decode_responses(self.tok, tokens, lengths)
@@ -203,16 +206,20 @@ class Run:
                 batch = PPOBatch(tokens_BT=packed["tokens_BT"], valid_BT=packed["valid_BT"],
                                  loss_mask_BT=loss_mask_BT, old_logp_BT=old_logp_BT,
                                  rewards_B=rewards_B.astype(np.float32))
+            t2 = time.perf_counter()
             *states, metrics = self.step_fn(*self.states, batch)
             self.states = tuple(states)
-            rec = _scalar_metrics(jax.device_get(metrics),
-                                  cfg.batch_train // cfg.micro_batches, cfg.max_grad_norm)
+            metrics = jax.device_get(metrics)
+            rec["update_s"] = time.perf_counter() - t2  # the jitted update, transfers included
+            rec.update(_scalar_metrics(metrics, cfg.batch_train // cfg.micro_batches,
+                                       cfg.max_grad_norm))
         train_s = time.perf_counter() - t1
         rec.update(
             reward_mean=float(rewards_B.mean()), accuracy=float((rewards_B > 0).mean()),
             response_len=float(len_B.mean()), retained=retained,
             generated=len(rewards_B), zero_var_groups=int(zero_var_P.sum()),
-            gen_s=gen_s, train_s=train_s, batch_train=cfg.batch_train,
+            gen_s=gen_s, decode_s=self.last_decode_s, train_s=train_s,
+            batch_train=cfg.batch_train,
             batch_gen=cfg.batch_train, reward_failures=int(self.reward_fn.failures))
         return rec
 
@@ -270,11 +277,47 @@ def _scalar_metrics(m: dict, micro_batch_size: int, max_grad_norm: float) -> dic
     return out
 
 
+# What the step-0 eval depends on: the initial params, the eval prompts and the sampler.
+_EVAL0_FIELDS = ("model", "hf_checkpoint", "init_checkpoint", "tokenizer", "task", "task_kwargs",
+                 "data_dir", "num_train_examples", "num_test_examples", "max_prompt_len",
+                 "eval_prompts", "eval_samples", "temperature", "top_k", "top_p",
+                 "max_new_tokens", "seed")
+
+
+def initial_eval(run: "Run", cache_dir: str | None = None) -> dict[str, Any]:
+    """run.evaluate(0), shared through `cache_dir` by runs whose _EVAL0_FIELDS agree.
+
+    The step-0 eval is a pure function of those fields (same params, prompts and sampling
+    seed), so the runs of a sweep that start from one warm-start checkpoint with the same seed
+    get bit-identical results; a cached copy saves one full eval per such run. The key
+    includes the checkpoint's modification time, so a retrained checkpoint is re-evaluated.
+    """
+    if not cache_dir:
+        return run.evaluate(0)
+    key = {k: getattr(run.cfg, k) for k in _EVAL0_FIELDS}
+    for k in ("hf_checkpoint", "init_checkpoint"):
+        if key[k]:
+            key[k + "_mtime"] = os.path.getmtime(os.path.expanduser(key[k]))
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+    path = os.path.join(cache_dir, digest[:20] + ".json")
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)["eval"]
+    ev = run.evaluate(0)
+    os.makedirs(cache_dir, exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"key": key, "eval": ev}, f, default=str)
+    os.replace(path + ".tmp", path)
+    return ev
+
+
 def run_training(cfg: TrainConfig, *, progress: bool = True,
-                 stop_after_steps: int | None = None) -> dict[str, Any]:
+                 stop_after_steps: int | None = None,
+                 eval0_cache: str | None = None) -> dict[str, Any]:
     """Train (or resume) in cfg.run_dir until max_steps / the response budget / the target.
 
     stop_after_steps: return early after this many steps of this call (tests simulate a crash).
+    eval0_cache: a directory where runs share their step-0 eval (see `initial_eval`).
     Returns the final record with "finished" True when the run reached its end.
     """
     run = Run(cfg)
@@ -294,7 +337,7 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
         log.truncate_after(counters["step"])
     else:
         log.truncate_after(-1)
-        ev = run.evaluate(0)  # the untrained score: every learning curve starts at N = 0
+        ev = initial_eval(run, eval0_cache)  # the untrained score: curves start at N = 0
         log.write({"step": 0, "responses": 0, "time_s": 0.0, **ev, "compile_s": compile_s})
         if cfg.target and ev["score"] >= cfg.target:
             counters["reached_at"] = 0

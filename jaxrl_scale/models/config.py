@@ -104,28 +104,29 @@ PRESETS: dict[str, ModelConfig] = {
         "rl_cpu": ModelConfig(vocab_size=128, hidden_size=192, num_layers=3, num_heads=6,
                                                     num_kv_heads=2, head_dim=32, intermediate_size=512, max_seq_len=128,
                                                     tie_word_embeddings=True),
-        # Real-model shapes for accelerator users (bfloat16 compute).
+        # Real-model shapes for accelerator users: float32 master params (Adam updates float32
+        # weights and moments), bfloat16 matmuls (every weight is cast at use, decoder.py).
         "qwen2.5-0.5b": ModelConfig(vocab_size=151936, hidden_size=896, num_layers=24, num_heads=14,
                                                                 num_kv_heads=2, head_dim=64, intermediate_size=4864,
                                                                 rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True,
                                                                 attention_bias=True, max_seq_len=32768, arch="qwen2",
-                                                                param_dtype="bfloat16", dtype="bfloat16"),
+                                                                param_dtype="float32", dtype="bfloat16"),
         "qwen2.5-1.5b": ModelConfig(vocab_size=151936, hidden_size=1536, num_layers=28,
                                                                 num_heads=12, num_kv_heads=2, head_dim=128,
                                                                 intermediate_size=8960, rope_theta=1e6, rms_norm_eps=1e-6,
                                                                 tie_word_embeddings=True, attention_bias=True,
-                                                                max_seq_len=32768, arch="qwen2", param_dtype="bfloat16",
+                                                                max_seq_len=32768, arch="qwen2", param_dtype="float32",
                                                                 dtype="bfloat16"),
         "qwen3-0.6b": ModelConfig(vocab_size=151936, hidden_size=1024, num_layers=28, num_heads=16,
                                                             num_kv_heads=8, head_dim=128, intermediate_size=3072,
                                                             rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True,
                                                             qk_norm=True, max_seq_len=40960, arch="qwen3",
-                                                            param_dtype="bfloat16", dtype="bfloat16"),
+                                                            param_dtype="float32", dtype="bfloat16"),
         "qwen3-1.7b": ModelConfig(vocab_size=151936, hidden_size=2048, num_layers=28, num_heads=16,
                                                             num_kv_heads=8, head_dim=128, intermediate_size=6144,
                                                             rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True,
                                                             qk_norm=True, max_seq_len=40960, arch="qwen3",
-                                                            param_dtype="bfloat16", dtype="bfloat16"),
+                                                            param_dtype="float32", dtype="bfloat16"),
 }
 
 

@@ -258,7 +258,8 @@ def _layer_params(params, i):
 
 
 def unstack_layers(cfg: ModelConfig, params: Params, *, fuse: bool = True) -> tuple[Params, ...]:
-    """Per-layer parameter dicts for decoding, one copy of every layer weight.
+    """Per-layer parameter dicts for decoding, one copy of every layer weight (in the compute
+    dtype).
 
     Slicing a layer out of the stacked [L, ...] arrays is a copy on CPU; done once here, the
     decode loop reads the slices directly. With `fuse`, q/k/v become one [D, (N+2K)*H] matrix
@@ -285,7 +286,9 @@ def unstack_layers(cfg: ModelConfig, params: Params, *, fuse: bool = True) -> tu
             lp["w_gate_up"] = jnp.concatenate([lp.pop("w_gate"), lp.pop("w_up")], axis=1)
             lp["wo"] = lp["wo"].reshape(-1, lp["wo"].shape[-1])
             lp["w_down_DF"] = lp.pop("w_down").T
-        out.append(lp)
+        # Every use casts to the compute dtype anyway; casting the copy once means a decode
+        # step streams bf16, not float32 master weights (accelerator presets).
+        out.append({k: v.astype(cfg.jnp_dtype) for k, v in lp.items()})
     return tuple(out)
 
 

@@ -79,9 +79,11 @@ def _rope_from_hf(d: dict) -> tuple[float, tuple | None]:
                      "supported; supported: 'default' (no scaling) and 'llama3'.")
 
 
-def config_from_hf(hf_config: dict | Any, *, dtype: Any = None) -> ModelConfig:
+def config_from_hf(hf_config: dict | Any, *, dtype: Any = None,
+                   compute_dtype: Any = None) -> ModelConfig:
     """ModelConfig from an HF config (the config.json dict, a transformers config, or a path
-    to config.json or its directory). Parameters and compute use `dtype` (default float32)."""
+    to config.json or its directory). Parameters use `dtype` (default float32); matmuls use
+    `compute_dtype` (default: `dtype`), e.g. float32 master weights with bfloat16 compute."""
     d = hf_config
     if isinstance(d, (str, os.PathLike)):
         d = _read_config_json(d)
@@ -141,7 +143,7 @@ def config_from_hf(hf_config: dict | Any, *, dtype: Any = None) -> ModelConfig:
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
         attention_bias=attention_bias, o_bias=o_bias, qk_norm=qk_norm,
         max_seq_len=int(d.get("max_position_embeddings") or default_len), arch=arch,
-        param_dtype=dt, dtype=dt)
+        param_dtype=dt, dtype=jnp.dtype(compute_dtype).name if compute_dtype is not None else dt)
 
 
 def _hf_arch(cfg: ModelConfig) -> str:
@@ -305,18 +307,19 @@ def _header_shapes(weight_map: dict[str, str]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def load_hf(path, *, dtype: Any = None) -> tuple[ModelConfig, Params]:
+def load_hf(path, *, dtype: Any = None, compute_dtype: Any = None
+            ) -> tuple[ModelConfig, Params]:
     """Load an HF checkpoint directory -> (ModelConfig, params).
 
     Reads config.json and model.safetensors or a sharded model.safetensors.index.json. `dtype`
-    (default float32) is the param and compute dtype. Raises ValueError naming the problem
+    (default float32) is the param dtype, `compute_dtype` (default `dtype`) the matmuls'. Raises ValueError naming the problem
     (unsupported architecture, missing / unexpected tensor, wrong shape, missing file) before
     reading any tensor data.
     """
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise CheckpointNotFoundError(f"HF checkpoint directory {path} does not exist.")
-    cfg = config_from_hf(_read_config_json(path), dtype=dtype)
+    cfg = config_from_hf(_read_config_json(path), dtype=dtype, compute_dtype=compute_dtype)
     weight_map = _weight_map(path)
     shapes = _header_shapes(weight_map)
     spec = _spec(cfg)

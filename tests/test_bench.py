@@ -1,0 +1,44 @@
+"""Benchmark plumbing: chip peak lookup, the TRL-side char tokenizer, rl_bench's flag checks."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jaxrl_scale import bench
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("kind,name", [("NVIDIA H200", "H200"), ("NVIDIA H100 80GB HBM3", "H100"),
+                                       ("TPU v5 lite", "TPU v5e"), ("TPU v5p", "TPU v5p"),
+                                       ("TPU v6 lite", "TPU v6e"), ("NVIDIA A100-SXM4-80GB",
+                                                                    "A100")])
+def test_chip_peaks_by_device_kind(kind, name):
+    got, peaks = bench.chip_peaks(kind)
+    assert got == name and peaks["flops"]["bfloat16"] > 1e14 and peaks["hbm_bytes_per_s"] > 5e11
+    assert bench.chip_peaks("cpu") is None
+
+
+def test_trl_char_tokenizer_matches_ours():
+    pytest.importorskip("transformers")
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    import rl_bench
+    hf, ours = rl_bench._char_tokenizer(128)
+    for text in ["12+34=", "99-7=", "a b\nc", "(3*4)/5 = 2.4"]:
+        ids = hf(text)["input_ids"]
+        assert ids == ours.encode(text)
+        assert hf.decode(ids + [ours.eos_id], skip_special_tokens=True) == text
+    assert hf.pad_token_id == ours.pad_id and hf.eos_token_id == ours.eos_id
+    assert len(hf) == 128  # every model logit decodes
+
+
+def test_rl_bench_compare_trl_without_trl_names_the_fix(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "rl_bench.py"),
+                        "--compare_trl", f"--trl_python={fake}"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode != 0
+    assert "pip install -e '.[bench]'" in p.stderr + p.stdout
