@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-from absl import app, flags
+from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("prompts", ["8", "32", "128"], "Prompts per step P (one setting each).")
@@ -134,6 +134,7 @@ def _trl_round_main(spec_path: str) -> None:
 
     spec = json.load(open(spec_path))
     P, G = spec["P"], spec["G"]
+    print(f"TRL round: torch {torch.__version__}, {torch.get_num_threads()} threads", file=sys.stderr)
     model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
     tok, ours = _char_tokenizer(model.config.vocab_size)
     examples = spec["examples"][:P * spec["steps"]]
@@ -169,7 +170,10 @@ def _trl_round_main(spec_path: str) -> None:
         num_iterations=1, max_steps=spec["steps"], shuffle_dataset=False, temperature=1.0,
         top_p=1.0, top_k=0, use_cpu=True, report_to="none", save_strategy="no",
         logging_steps=10 ** 6, disable_tqdm=True, seed=spec["seed"], lr_scheduler_type="constant",
-        warmup_steps=0, weight_decay=0.0, max_grad_norm=None, dataloader_num_workers=0)
+        warmup_steps=0, weight_decay=0.0, max_grad_norm=0.0, dataloader_num_workers=0,
+        # TRL's GRPO defaults are bf16 autocast and gradient checkpointing; both frameworks run
+        # float32 without rematerialisation here (the same math, and TRL's faster CPU setting).
+        bf16=False, gradient_checkpointing=False)
     trainer = Timed(model=model, reward_funcs=reward, args=args, processing_class=tok,
                     train_dataset=Dataset.from_list(examples), callbacks=[StepTimer()])
     trainer.train()
@@ -224,6 +228,7 @@ def _check_flags(Ps: list[int]) -> None:
 
 def main(argv):
     del argv
+    logging.set_verbosity(logging.WARNING)   # TFDS logs every dataset load at INFO
     if FLAGS.trl_round:
         return _trl_round_main(FLAGS.trl_round)
     Ps = [int(p) for p in FLAGS.prompts]

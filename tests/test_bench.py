@@ -42,3 +42,22 @@ def test_rl_bench_compare_trl_without_trl_names_the_fix(tmp_path):
                        timeout=120)
     assert p.returncode != 0
     assert "pip install -e '.[bench]'" in p.stderr + p.stdout
+
+
+def test_rl_bench_runs_and_splits_the_step(tmp_path):
+    """The jaxrl_scale side end to end on a tiny model: every round has its split, and the
+    parts (rollout, update, host) add up to the step."""
+    out = tmp_path / "rl.json"
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "rl_bench.py"),
+                        "--model=tiny", "--prompts=4", "--group=2", "--steps=3", "--discard=1",
+                        "--rounds=1", f"--data_dir={tmp_path / 'data'}", f"--json_out={out}"],
+                       capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+    assert p.returncode == 0, p.stderr[-2000:]
+    import json
+    res = json.load(open(out))["results"][0]
+    (r,) = res["rounds"]["jaxrl_scale"]
+    assert res["P"] == 4 and res["rounds"]["trl"] == []
+    assert r["responses_per_s"] > 0 and min(r["rollout_s"], r["update_s"], r["host_s"]) > 0
+    assert r["rollout_s"] + r["update_s"] + r["host_s"] <= 1.5 * r["step_s"]
+    assert "jaxrl_scale" in p.stdout and "host %" in p.stdout
