@@ -142,7 +142,7 @@ def test_config_from_hf_legacy_and_architectures():
     # config_to_hf -> config_from_hf is the identity
     for name in ("tiny", "small", "rl_cpu", "qwen3-0.6b"):
         c = get_config(name)
-        back = config_from_hf(config_to_hf(c), dtype=c.param_dtype)
+        back = config_from_hf(config_to_hf(c), dtype=c.param_dtype, compute_dtype=c.dtype)
         assert back.replace(arch=c.arch) == c
 
 

@@ -312,9 +312,9 @@ def load_hf(path, *, dtype: Any = None, compute_dtype: Any = None
     """Load an HF checkpoint directory -> (ModelConfig, params).
 
     Reads config.json and model.safetensors or a sharded model.safetensors.index.json. `dtype`
-    (default float32) is the param dtype, `compute_dtype` (default `dtype`) the matmuls'. Raises ValueError naming the problem
-    (unsupported architecture, missing / unexpected tensor, wrong shape, missing file) before
-    reading any tensor data.
+    (default float32) is the param dtype, `compute_dtype` (default `dtype`) the matmuls'.
+    Raises ValueError naming the problem (unsupported architecture, missing / unexpected
+    tensor, wrong shape, missing file) before reading any tensor data.
     """
     path = os.fspath(path)
     if not os.path.isdir(path):
