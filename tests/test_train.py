@@ -222,3 +222,28 @@ def test_step0_eval_shared_by_runs_that_start_alike(tmp_path, data_dir, monkeypa
     first = [_strip_times(_records(tmp_path / n))[0] for n in "abc"]
     assert first[0] == first[1] and first[0]["score"] is not None
     assert len(os.listdir(cache)) == 2
+
+
+def test_sampling_in_chunks_keeps_every_row(tmp_path, data_dir):
+    """Run.sample splits rows into generate_chunk-sized calls: chunk c equals a generate call
+    on those rows with fold_in(seed, c); when everything fits one chunk the seed is unchanged."""
+    run = Run(tiny_cfg(tmp_path, data_dir, generate_chunk=8))
+    rows = run.eval_rows[:5]                          # 5 prompts x 4 samples = 20 rows: 8+8+4
+    key = jax.random.PRNGKey(3)
+    prompts, tokens, logps, lengths, rewards = run.sample(rows, 4, key, 1.0)
+    assert tokens.shape[0] == logps.shape[0] == lengths.shape[0] == rewards.shape[0] == 20
+    for c, i in enumerate(range(0, 20, 8)):
+        ref = generate(run.model_cfg, run.params, prompts[i:i + 8],
+                       max_new_tokens=run.cfg.max_new_tokens, temperature=1.0,
+                       eos_id=run.tok.eos_id, pad_id=run.tok.pad_id, mesh=run.mesh,
+                       seed=jax.random.fold_in(key, c))
+        np.testing.assert_array_equal(tokens[i:i + 8], np.asarray(ref.tokens))
+        np.testing.assert_array_equal(lengths[i:i + 8], np.asarray(ref.lengths))
+    one = Run(tiny_cfg(tmp_path / "one", data_dir, generate_chunk=64))
+    _, tokens1, *_ = one.sample(rows, 4, key, 1.0)
+    ref = generate(one.model_cfg, one.params, prompts, max_new_tokens=one.cfg.max_new_tokens,
+                   temperature=1.0, eos_id=one.tok.eos_id, pad_id=one.tok.pad_id,
+                   mesh=one.mesh, seed=key)
+    np.testing.assert_array_equal(tokens1, np.asarray(ref.tokens))
+    with pytest.raises(ValueError, match="generate_chunk"):
+        validate(tiny_cfg(tmp_path, data_dir, generate_chunk=0))

@@ -72,6 +72,9 @@ class TrainConfig:
     eval_every: int = 5
     eval_prompts: int = 128
     eval_samples: int = 4
+    # Rows per generate call. Eval batches (prompts x samples) are split into chunks of this
+    # size: one call over all rows pads to the next power of two and is slower per row on CPU.
+    generate_chunk: int = 4096
     checkpoint_every: int = 10
     # --- mesh ('data', 'fsdp', 'tensor'); -1 absorbs the remaining devices
     mesh_data: int = -1
@@ -137,6 +140,9 @@ def validate(cfg: TrainConfig, *, data_parallel: int | None = None,
     if cfg.dual_clip and cfg.dual_clip <= 1:
         raise _err("dual_clip", f"must be > 1 (or 0 to disable), got {cfg.dual_clip}",
                    "use e.g. --dual_clip=3")
+    if cfg.generate_chunk < 1:
+        raise _err("generate_chunk", f"must be >= 1, got {cfg.generate_chunk}",
+                   "use e.g. --generate_chunk=4096")
     if cfg.eval_samples < 1 or cfg.eval_prompts < 1:
         raise _err("eval_samples", "eval needs >= 1 prompt and >= 1 sample per prompt",
                    "set --eval_prompts and --eval_samples >= 1")

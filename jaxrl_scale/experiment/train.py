@@ -157,12 +157,16 @@ class Run:
     def sample(self, examples, group: int, seed, temperature: float, score: bool = True):
         prompts = [self.tok.encode(e["prompt"]) for e in examples for _ in range(group)]
         t0 = time.perf_counter()
-        out = generate(self.model_cfg, self.params, prompts,
-                       max_new_tokens=self.cfg.max_new_tokens, temperature=temperature,
-                       top_k=self.cfg.top_k, top_p=self.cfg.top_p, eos_id=self.tok.eos_id,
-                       pad_id=self.tok.pad_id, seed=seed, mesh=self.mesh)
-        tokens, logps, lengths = (np.asarray(out.tokens), np.asarray(out.logprobs),
-                                  np.asarray(out.lengths))
+        C = self.cfg.generate_chunk  # chunk c samples with fold_in(seed, c); one chunk: seed
+        chunks = [generate(self.model_cfg, self.params, prompts[i:i + C],
+                           max_new_tokens=self.cfg.max_new_tokens, temperature=temperature,
+                           top_k=self.cfg.top_k, top_p=self.cfg.top_p, eos_id=self.tok.eos_id,
+                           pad_id=self.tok.pad_id, mesh=self.mesh,
+                           seed=seed if len(prompts) <= C else
+                           jax.random.fold_in(_as_key(seed), i // C))
+                  for i in range(0, len(prompts), C)]
+        tokens, logps, lengths = (np.concatenate([np.asarray(getattr(o, f)) for o in chunks])
+                                  for f in ("tokens", "logprobs", "lengths"))
         self.last_decode_s = time.perf_counter() - t0  # the jitted decode, transfers included
         if not score:
             return prompts, tokens, logps, lengths, None
@@ -235,6 +239,10 @@ class Run:
                 "eval_n_greedy": int(r_greedy.size)}
 
 
+def _as_key(seed):
+    return jax.random.PRNGKey(seed) if isinstance(seed, int) else seed
+
+
 def eval_se(ok_PK: np.ndarray) -> float | None:
     """SE of the eval score as an estimate of the policy's mean accuracy on this fixed prompt
     set: sqrt(sum_p var_p / K) / P with var_p the unbiased within-prompt variance of K samples.
@@ -281,7 +289,7 @@ def _scalar_metrics(m: dict, micro_batch_size: int, max_grad_norm: float) -> dic
 _EVAL0_FIELDS = ("model", "hf_checkpoint", "init_checkpoint", "tokenizer", "task", "task_kwargs",
                  "data_dir", "num_train_examples", "num_test_examples", "max_prompt_len",
                  "eval_prompts", "eval_samples", "temperature", "top_k", "top_p",
-                 "max_new_tokens", "seed")
+                 "max_new_tokens", "seed", "generate_chunk")
 
 
 def initial_eval(run: "Run", cache_dir: str | None = None) -> dict[str, Any]:
