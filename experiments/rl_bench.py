@@ -86,11 +86,12 @@ def _jax_round(model_dir: str, P: int) -> list[dict]:
     from jaxrl_scale.experiment.config import TrainConfig
     from jaxrl_scale.experiment.train import Run
 
-    cfg = TrainConfig(hf_checkpoint=model_dir, tokenizer="char", task=FLAGS.task,
-                      task_kwargs=_task_kwargs(), data_dir=FLAGS.data_dir, prompts_per_step=P, group_size=FLAGS.group,
-                      max_new_tokens=FLAGS.max_new_tokens, base_lr=FLAGS.lr, lr_rule="fixed",
-                      base_batch=P * FLAGS.group, micro_batches=1, max_grad_norm=0.0,
-                      kl_coef=0.0, seed=FLAGS.seed, eval_prompts=1)
+    cfg = TrainConfig.make(hf_checkpoint=model_dir, tokenizer="char", task=FLAGS.task,
+                           task_kwargs=_task_kwargs(), data_dir=FLAGS.data_dir,
+                           prompts_per_step=P, group_size=FLAGS.group,
+                           max_new_tokens=FLAGS.max_new_tokens, base_lr=FLAGS.lr,
+                           lr_rule="fixed", base_batch=P * FLAGS.group, micro_batches=1,
+                           max_grad_norm=0.0, kl_coef=0.0, seed=FLAGS.seed, eval_prompts=1)
     run = Run(cfg)
     run.compile()
     out = []

@@ -11,7 +11,7 @@ from absl import app, flags
 
 import flagdefs
 from jaxrl_scale.experiment.config import TrainConfig
-from jaxrl_scale.experiment.sft import SFTConfig, sft_warmstart
+from jaxrl_scale.experiment.sft import SFTConfig, sft_config_for, sft_warmstart
 from jaxrl_scale.experiment.train import run_training
 
 flagdefs.define_from_dataclass(TrainConfig)
@@ -25,10 +25,7 @@ def main(argv):
     del argv
     cfg = flagdefs.build_from_flags(TrainConfig)
     if FLAGS.warmstart and not (cfg.init_checkpoint or cfg.hf_checkpoint):
-        path, info = sft_warmstart(SFTConfig(
-            task=cfg.task, task_kwargs=cfg.task_kwargs, data_dir=cfg.data_dir, model=cfg.model,
-            num_train_examples=cfg.num_train_examples, num_test_examples=cfg.num_test_examples,
-            max_new_tokens=cfg.max_new_tokens, target_accuracy=FLAGS.warmstart_accuracy))
+        path, info = sft_warmstart(sft_config_for(cfg, FLAGS.warmstart_accuracy))
         print(f"warm-start: {path} (greedy held-out accuracy {info['accuracy']:.3f})")
         cfg = cfg.replace(init_checkpoint=path)
     out = run_training(cfg)

@@ -31,12 +31,14 @@ import numpy as np
 from jaxrl_scale import bench, optim
 from jaxrl_scale.models import get_config, init_params
 from jaxrl_scale.rl import steps
+from jaxrl_scale.rl.batch import RolloutBatch
 from jaxrl_scale.rl.state import create_train_state
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "small", "Model preset (jaxrl_scale.models.PRESETS).")
 flags.DEFINE_integer("batch", 64, "Sequences per update (B = P * G).")
 flags.DEFINE_integer("seq_len", 80, "Tokens per sequence (prompt + response).")
+flags.DEFINE_integer("group_size", 8, "Responses per prompt (G): advantages are per group.")
 flags.DEFINE_integer("prompt_len", 16, "Prompt tokens per sequence (not in the loss mask).")
 flags.DEFINE_list("micro_batches", ["1", "2", "4"], "Micro-batch counts to time.")
 flags.DEFINE_integer("repeats", 3, "Timed updates per setting (median); >= 3 for reports.")
@@ -56,16 +58,16 @@ def update_flops(cfg, batch: int, seq_len: int) -> float:
     return dense + attn
 
 
-def make_batch(cfg, batch: int, seq_len: int, prompt_len: int, seed: int) -> steps.GRPOBatch:
+def make_batch(cfg, batch: int, seq_len: int, prompt_len: int, seed: int) -> RolloutBatch:
     rng = np.random.default_rng(seed)
     pos = np.arange(seq_len)[None]
     resp = np.broadcast_to(pos >= prompt_len, (batch, seq_len))
-    return steps.GRPOBatch(
+    return RolloutBatch(
         tokens_BT=jnp.asarray(rng.integers(0, cfg.vocab_size, (batch, seq_len)), jnp.int32),
         valid_BT=jnp.ones((batch, seq_len), bool),
         loss_mask_BT=jnp.asarray(resp),
         old_logp_BT=jnp.asarray(np.where(resp, -np.log(cfg.vocab_size), 0.0), jnp.float32),
-        advantages=jnp.asarray(rng.normal(size=batch), jnp.float32))
+        rewards_B=jnp.asarray(rng.normal(size=batch), jnp.float32))
 
 
 def time_updates(cfg, params, batch, micro_batches: int) -> float:
@@ -73,12 +75,13 @@ def time_updates(cfg, params, batch, micro_batches: int) -> float:
     tx = optim.make_optimizer(hp)
     fn = steps.make_train_step(steps.grpo_step, cfg=cfg, tx=tx, loss_cfg=steps.LossConfig(),
                                micro_batches=micro_batches, remat=FLAGS.remat,
+                               group_size=FLAGS.group_size,
                                lr_fn=functools.partial(optim.current_lr, hp, warmup_steps=0))
     holder = [create_train_state(jax.tree.map(jnp.copy, params), tx, FLAGS.seed)]
 
     def one_update():
         holder[0], metrics = fn(holder[0], batch)   # the state is donated
-        return metrics["loss"]
+        return metrics["actor_loss"]
 
     return bench.median_time(one_update, repeats=FLAGS.repeats, warmup=1)
 

@@ -11,7 +11,7 @@ H head dim, F mlp hidden.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import jax
 import numpy as np
@@ -131,26 +131,6 @@ def tree_shardings(mesh: Mesh, tree: Any) -> Any:
     return jax.tree_util.tree_map_with_path(one, tree, is_leaf=_is_shape_tuple)
 
 
-def param_shardings(mesh: Mesh, params_or_shapes: Any) -> Any:
-    """NamedShardings of the params pytree (arrays, ShapeDtypeStructs or shape tuples)."""
-    return tree_shardings(mesh, params_or_shapes)
-
-
-def shard_params_init(init_fn: Callable[..., Any], mesh: Mesh, *args) -> Any:
-    """Run `init_fn(*args)` so that every output is born sharded on `mesh`.
-
-    jax.eval_shape gives the output shapes without allocating; the rule table turns them into
-    out_shardings of a jitted init, so no device ever holds the whole model.
-    """
-    shapes = jax.eval_shape(init_fn, *args)
-    return jax.jit(init_fn, out_shardings=tree_shardings(mesh, shapes))(*args)
-
-
-def shard_tree(mesh: Mesh, tree: Any) -> Any:
-    """Place an existing params / optimizer-state / train-state pytree onto `mesh` by the rules."""
-    return jax.device_put(tree, tree_shardings(mesh, tree))
-
-
 # ----------------------------------------------------------------------------- batch
 
 
@@ -180,14 +160,7 @@ def check_batch_divisible(mesh: Mesh, batch: Any, micro_batches: int = 1) -> Non
                 f"{n} data-parallel devices; use a multiple of {n * micro_batches} rows")
 
 
-def shard_batch(mesh: Mesh, batch: Any) -> Any:
-    """device_put every batch leaf with rows over data x fsdp (clear error if they don't divide)."""
-    check_batch_divisible(mesh, batch)
-    return jax.device_put(batch, batch_sharding(mesh))
-
-
 __all__ = [
     "AXES", "BATCH_AXES", "PARAM_RULES", "make_mesh", "replicated", "spec_for", "tree_shardings",
-    "param_shardings", "shard_params_init", "shard_tree", "batch_sharding", "data_parallel_size",
-    "check_batch_divisible", "shard_batch",
+    "batch_sharding", "data_parallel_size", "check_batch_divisible",
 ]

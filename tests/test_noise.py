@@ -60,7 +60,8 @@ def test_noise_scale_ema_and_records():
     for a, b in zip(sq_small, sq_big):
         # per-micro norms whose mean is a (spread does not change the estimate)
         spread = rng.normal(0, 0.1, 8)
-        recs.append({"micro_sq_norms": list(a + spread - spread.mean()), "full_sq_norm": b})
+        recs.append({"actor_grad_sqnorm_micro": list(a + spread - spread.mean()),
+                     "actor_grad_sqnorm": b})
     out = scaling.noise_scale_from_records(recs, batch=bb, beta=0.998)
     assert out["b_small"] == bs and out["n_updates"] == len(recs)
     assert out["b_simple"] == pytest.approx(ema.b_simple, rel=1e-9)

@@ -6,13 +6,13 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from jaxrl_scale import sharding as shd
-from jaxrl_scale.models import get_config, param_shapes
+from jaxrl_scale.models import param_shapes
 from jaxrl_scale.rl import steps
 from jaxrl_scale.rl.state import init_train_state, shard_train_state
 from jaxrl_scale.rl.value import init_critic_from_actor
 
 # The 1-device reference runs (and their compiled steps) are shared with test_steps.
-from test_steps import (CFG, CTX, FAST_COMPILE, LOSS_CFG, LR_FN, TX, make_grpo_batch,
+from test_steps import (CFG, CTX, FAST_COMPILE, GT, LOSS_CFG, LR_FN, TX, make_grpo_batch,
                         make_ppo_batch, new_state, np_params, ppo_fn, run_grpo, tree_diff,
                         tree_norm)
 
@@ -49,7 +49,7 @@ def test_rule_table_covers_every_parameter_kind():
 
 def test_specs_and_non_dividing_dims():
     mesh = shd.make_mesh(data=2, fsdp=2, tensor=2)
-    sh = shd.param_shardings(mesh, param_shapes(CFG))      # shape tuples are accepted
+    sh = shd.tree_shardings(mesh, param_shapes(CFG))      # shape tuples are accepted
     assert sh["layers"]["wq"].spec == P(None, "fsdp", "tensor", None)
     assert sh["layers"]["wo"].spec == P(None, "tensor", None, "fsdp")
     assert sh["layers"]["w_down"].spec == P(None, "tensor", "fsdp")
@@ -58,7 +58,7 @@ def test_specs_and_non_dividing_dims():
     assert sh["final_norm"].spec == P(None) and sh["layers"]["attn_norm"].spec == P(None, None)
     # tensor=8: 4 query heads and 2 kv heads do not divide, F = 128 does.
     mesh8 = shd.make_mesh(data=1, tensor=8)
-    sh8 = shd.param_shardings(mesh8, param_shapes(CFG))
+    sh8 = shd.tree_shardings(mesh8, param_shapes(CFG))
     assert sh8["layers"]["wq"].spec == P(None, None, None, None)
     assert sh8["layers"]["w_up"].spec == P(None, None, "tensor")
 
@@ -71,13 +71,11 @@ def test_params_and_optimizer_state_born_sharded():
         return jax.tree.map(lambda s: jnp.full(s, 0.5, jnp.float32), shapes,
                             is_leaf=lambda x: isinstance(x, tuple))
 
-    params = shd.shard_params_init(init, mesh)
-    wq = params["layers"]["wq"]                               # [L, D=64, N=4, H=16]
+    state = init_train_state(init, TX, mesh=mesh)
+    wq = state.params["layers"]["wq"]                         # [L, D=64, N=4, H=16]
     assert wq.sharding.spec == P(None, "fsdp", "tensor", None)
     assert wq.addressable_shards[0].data.shape == (CFG.num_layers, 32, 2, CFG.head_dim)
     np.testing.assert_array_equal(wq, 0.5)
-
-    state = init_train_state(init, TX, mesh=mesh)
     adam = state.opt_state.inner_state[1][0]                  # clip -> (adam, schedule)
     assert adam.mu["layers"]["wq"].sharding.spec == wq.sharding.spec
     assert adam.nu["layers"]["w_down"].sharding.spec == P(None, "tensor", "fsdp")
@@ -89,12 +87,10 @@ def test_params_and_optimizer_state_born_sharded():
 def test_batch_not_divisible_gives_clear_error():
     mesh = shd.make_mesh(data=2, fsdp=2, tensor=2)
     batch = make_grpo_batch(0, rows=6)
-    with pytest.raises(ValueError, match=r"6 rows .* 2 x 2 = 4 data-parallel devices"):
-        shd.shard_batch(mesh, batch)
     state = shard_train_state(mesh, new_state(np_params(CFG)))
     fn = steps.make_train_step(steps.grpo_step, state, mesh=mesh, cfg=CFG, tx=TX,
-                               loss_cfg=LOSS_CFG)
-    with pytest.raises(ValueError, match="6 rows"):
+                               loss_cfg=LOSS_CFG, group_size=2)
+    with pytest.raises(ValueError, match=r"6 rows .* 2 x 2 = 4 data-parallel devices"):
         fn(state, batch)
 
 
@@ -120,14 +116,15 @@ def test_grpo_on_mesh_matches_one_device(params, grpo_reference, mesh_name):
     state = shard_train_state(mesh, new_state(params))
     fn = steps.make_train_step(steps.grpo_step, state, mesh=mesh, compiler_options=FAST_COMPILE,
                                cfg=CFG, tx=TX, loss_cfg=LOSS_CFG, micro_batches=2, lr_fn=LR_FN,
-                               with_grads=True)
+                               with_grads=True, group_size=GT)
     metrics = []
     for batch in batches:
-        state, m = fn(state, shd.shard_batch(mesh, batch))     # state is donated
+        state, m = fn(state, batch)                             # state is donated
         metrics.append(m)
-    g_ref = ref_metrics[0]["grads"]
-    assert tree_diff(metrics[0]["grads"], g_ref) <= 1e-5 * tree_norm(g_ref)
-    np.testing.assert_allclose(metrics[0]["loss"], ref_metrics[0]["loss"], rtol=1e-5)
+    g_ref = ref_metrics[0]["actor_grads"]
+    assert tree_diff(metrics[0]["actor_grads"], g_ref) <= 1e-5 * tree_norm(g_ref)
+    np.testing.assert_allclose(metrics[0]["actor_loss"], ref_metrics[0]["actor_loss"],
+                               rtol=1e-5)
     update_norm = tree_diff(ref_state.params, params)
     assert tree_diff(state.params, ref_state.params) <= 1e-3 * update_norm
     want = shd.spec_for(mesh, "wq", params["layers"]["wq"].shape)
@@ -150,7 +147,7 @@ def test_ppo_on_mesh_matches_one_device(params, ppo_reference, mesh_name):
     states = (shard_train_state(mesh, new_state(params)),
               shard_train_state(mesh, new_state(critic, CTX)))
     fn = ppo_fn(2, states=states, mesh=mesh)
-    actor, critic_state, m = fn(*states, shd.shard_batch(mesh, batch))
+    actor, critic_state, m = fn(*states, batch)
     for k in ("actor_grads", "critic_grads"):
         assert tree_diff(m[k], ref_m[k]) <= 1e-5 * tree_norm(ref_m[k]), k
     assert tree_diff(actor.params, ref_actor.params) <= 1e-3 * tree_diff(ref_actor.params, params)

@@ -10,6 +10,7 @@ import pytest
 from jaxrl_scale import optim
 from jaxrl_scale.models import get_config, param_shapes
 from jaxrl_scale.rl import losses, steps
+from jaxrl_scale.rl.batch import rollout_batch
 from jaxrl_scale.rl.state import create_train_state
 from jaxrl_scale.rl.value import critic_values, init_critic_from_actor
 
@@ -46,32 +47,31 @@ def np_params(cfg, seed=0):
         make, param_shapes(cfg), is_leaf=lambda x: isinstance(x, tuple))
 
 
-def make_arrays(seed=0, rows=B):
+GT = 2          # group size of the test batches: 16 rows = 8 groups, so M = 1, 2, 4, 8 work
+
+
+def make_grpo_batch(seed=0, rows=B):
     """Left-padded prompts of 1..TP tokens, responses of 1..R tokens (so rows differ in their
-    valid-token counts), behaviour log-probs near the tiny model's uniform -log V."""
+    valid-token counts), behaviour log-probs near the tiny model's uniform -log V, continuous
+    rewards (no group has zero variance) and reference log-probs near the behaviour's."""
     rng = np.random.default_rng(seed)
     plen = rng.integers(1, TP + 1, rows)
     rlen = rng.integers(1, R + 1, rows)
     rlen[0] = R
-    tokens = rng.integers(0, CFG.vocab_size, (rows, TP + R)).astype(np.int32)
-    prompt_valid = np.arange(TP)[None] >= TP - plen[:, None]
+    prompts = [list(rng.integers(0, CFG.vocab_size, n)) for n in plen]
+    resp = rng.integers(0, CFG.vocab_size, (rows, R)).astype(np.int32)
     logp = -np.log(CFG.vocab_size) + 0.2 * rng.normal(size=(rows, R))
-    arr = steps.rollout_arrays(jnp.asarray(tokens[:, :TP]), jnp.asarray(prompt_valid),
-                               jnp.asarray(tokens[:, TP:]), jnp.asarray(logp, jnp.float32),
-                               jnp.asarray(rlen))
-    ref = arr["old_logp_BT"] + 0.1 * jnp.asarray(rng.normal(size=(rows, TP + R)), jnp.float32)
-    arr["ref_logp_BT"] = jnp.where(arr["loss_mask_BT"], ref, 0.0)
-    return arr, rng
-
-
-def make_grpo_batch(seed=0, rows=B):
-    arr, rng = make_arrays(seed, rows)
-    return steps.GRPOBatch(**arr, advantages=jnp.asarray(rng.normal(size=rows), jnp.float32))
+    batch, _ = rollout_batch(prompts, resp, logp, rlen, rng.normal(size=rows), prompt_len=TP,
+                             pad_id=0, group_size=GT)
+    ref = batch.old_logp_BT + 0.1 * rng.normal(size=(rows, TP + R))
+    batch = batch.replace(ref_logp_BT=np.where(batch.loss_mask_BT, ref, 0.0).astype(np.float32))
+    return jax.tree.map(jnp.asarray, batch)
 
 
 def make_ppo_batch(seed=0, rows=B):
-    arr, rng = make_arrays(seed, rows)
-    return steps.PPOBatch(**arr, rewards_B=jnp.asarray(rng.integers(0, 2, rows), jnp.float32))
+    rng = np.random.default_rng(seed + 1000)
+    return make_grpo_batch(seed, rows).replace(
+        rewards_B=jnp.asarray(rng.integers(0, 2, rows), jnp.float32))
 
 
 def tree_norm(t):  # in numpy: eager jnp ops would compile once per leaf shape and sharding
@@ -106,11 +106,11 @@ def _ppo_fn_cached(M):
 
 
 @functools.lru_cache(maxsize=None)
-def _grpo_fn(M, **kw):
+def _grpo_fn(M, loss_cfg=LOSS_CFG, **kw):
+    kw.setdefault("group_size", GT)
     return steps.make_train_step(steps.grpo_step, donate=False, compiler_options=FAST_COMPILE,
-                                 cfg=CFG, tx=TX,
-                                 loss_cfg=LOSS_CFG, micro_batches=M, lr_fn=LR_FN,
-                                 with_grads=True, **kw)
+                                 cfg=CFG, tx=TX, loss_cfg=loss_cfg, micro_batches=M,
+                                 lr_fn=LR_FN, with_grads=True, **kw)
 
 
 def new_state(params, tx=None):
@@ -121,6 +121,14 @@ def new_state(params, tx=None):
 @functools.lru_cache(maxsize=None)
 def _state_fn(tx):
     return jax.jit(lambda p: create_train_state(p, tx, 0), compiler_options=FAST_COMPILE)
+
+
+def trace_grpo(params, batch, **kw):
+    """Trace grpo_step without compiling it (its errors are raised while tracing)."""
+    kw.setdefault("group_size", GT)
+    return jax.eval_shape(lambda p, b: steps.grpo_step(create_train_state(p, TX, 0), b, cfg=CFG,
+                                                       tx=TX, loss_cfg=LOSS_CFG, **kw),
+                          params, batch)
 
 
 def run_grpo(params, batches, M, **kw):
@@ -150,17 +158,52 @@ def test_token_weights_reproduce_aggregate(agg):
     np.testing.assert_allclose(jnp.sum(x * w), losses.aggregate(x, mask, agg), rtol=1e-6)
 
 
-def test_final_token_rewards_and_rollout_arrays():
+def test_final_token_rewards():
     mask = jnp.array([[0, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]], jnp.float32)
     r = steps.final_token_rewards(jnp.array([2.0, 5.0, -1.0]), mask)
     np.testing.assert_array_equal(r, [[0, 0, 2, 0], [0, 0, 0, 0], [0, 0, 0, -1]])
-    prompt_valid = jnp.array([[False, True], [True, True]])
-    arr = steps.rollout_arrays(jnp.array([[0, 7], [3, 4]]), prompt_valid,
-                               jnp.array([[5, 6, 9], [8, 9, 9]]), jnp.full((2, 3), -1.0),
-                               jnp.array([2, 1]))
-    np.testing.assert_array_equal(arr["valid_BT"], [[0, 1, 1, 1, 0], [1, 1, 1, 0, 0]])
-    np.testing.assert_array_equal(arr["loss_mask_BT"], [[0, 0, 1, 1, 0], [0, 0, 1, 0, 0]])
-    np.testing.assert_array_equal(arr["old_logp_BT"], [[0, 0, -1, -1, 0], [0, 0, -1, 0, 0]])
+
+
+def test_rollout_batch_layout_and_accounting():
+    """Left-padded prompts, right-padded responses, behaviour log-probs on response tokens;
+    a zero-variance group is kept in the arrays with an empty loss mask when filtered."""
+    prompts = [[7], [3, 4], [7], [3, 4]]
+    resp = np.array([[5, 6, 9], [8, 9, 9], [5, 6, 9], [8, 9, 9]])
+    batch, acc = rollout_batch(prompts, resp, np.full((4, 3), -1.0), np.array([2, 1, 2, 1]),
+                               np.array([1.0, 1.0, 0.0, 1.0]), prompt_len=2, pad_id=0,
+                               group_size=2)
+    np.testing.assert_array_equal(batch.tokens_BT[:2], [[0, 7, 5, 6, 0], [3, 4, 8, 0, 0]])
+    np.testing.assert_array_equal(batch.valid_BT[:2], [[0, 1, 1, 1, 0], [1, 1, 1, 0, 0]])
+    np.testing.assert_array_equal(batch.loss_mask_BT[:2], [[0, 0, 1, 1, 0], [0, 0, 1, 0, 0]])
+    np.testing.assert_array_equal(batch.old_logp_BT[:2], [[0, 0, -1, -1, 0], [0, 0, -1, 0, 0]])
+    assert acc == {"retained": 4, "generated": 4, "zero_var_groups": 1}
+    filt, acc = rollout_batch(prompts, resp, np.full((4, 3), -1.0), np.array([2, 1, 2, 1]),
+                              np.array([1.0, 1.0, 0.0, 1.0]), prompt_len=2, pad_id=0,
+                              group_size=2, filter_zero_variance=True)
+    assert acc == {"retained": 2, "generated": 4, "zero_var_groups": 1}
+    assert not filt.loss_mask_BT[:2].any()
+    np.testing.assert_array_equal(filt.loss_mask_BT[2:], batch.loss_mask_BT[2:])
+    np.testing.assert_array_equal(filt.tokens_BT, batch.tokens_BT)
+    with pytest.raises(ValueError, match="group_size=3"):
+        rollout_batch(prompts, resp, np.zeros((4, 3)), np.ones(4, int), np.zeros(4),
+                      prompt_len=2, pad_id=0, group_size=3)
+
+
+def test_grpo_step_computes_group_advantages(params):
+    """The step's advantages are losses.group_advantages of the rewards: scaling the rewards
+    of one group (grpo's per-group standardisation) leaves the update unchanged, while the
+    mean-only drgrpo estimator scales that group's share."""
+    batch = make_grpo_batch(0)
+    scaled = batch.replace(rewards_B=batch.rewards_B.at[:2].multiply(5.0))
+    _, (m,) = run_grpo(params, [batch], 1)
+    _, (m_s,) = run_grpo(params, [scaled], 1)
+    assert tree_diff(m_s["actor_grads"], m["actor_grads"]) <= 1e-5 * tree_norm(m["actor_grads"])
+    dr = dataclasses.replace(LOSS_CFG, advantage="drgrpo")
+    _, (d,) = run_grpo(params, [batch], 1, loss_cfg=dr)
+    _, (d_s,) = run_grpo(params, [scaled], 1, loss_cfg=dr)
+    assert tree_diff(d_s["actor_grads"], d["actor_grads"]) > 1e-3 * tree_norm(d["actor_grads"])
+    with pytest.raises(ValueError, match="advantage"):
+        steps.LossConfig(advantage="foo")
 
 
 def test_critic_copies_trunk(params):
@@ -178,35 +221,40 @@ def test_micro_batch_count_does_not_change_update(params):
     batches = [make_grpo_batch(s) for s in range(3)]
     runs = {M: run_grpo(params, batches, M) for M in (1, 2, 4, 8)}
     state1, m1 = runs[1]
-    g1 = m1[0]["grads"]
+    g1 = m1[0]["actor_grads"]
     update_norm = tree_diff(state1.params, params)
     assert update_norm > 0
     for M, (state, m) in runs.items():
-        assert m[0]["grad_sqnorm_micro"].shape == (M,)
-        np.testing.assert_allclose(m[0]["loss"], m1[0]["loss"], rtol=1e-5)
+        assert m[0]["actor_grad_sqnorm_micro"].shape == (M,)
+        np.testing.assert_allclose(m[0]["actor_loss"], m1[0]["actor_loss"], rtol=1e-5)
         np.testing.assert_allclose(m[0]["pg_loss"], m1[0]["pg_loss"], rtol=1e-5)
         for k in ("clipfrac", "approx_kl", "entropy", "kl"):
             np.testing.assert_allclose(m[0][k], m1[0][k], rtol=1e-5, atol=1e-7)
-        assert tree_diff(m[0]["grads"], g1) <= 1e-5 * tree_norm(g1), M
+        assert tree_diff(m[0]["actor_grads"], g1) <= 1e-5 * tree_norm(g1), M
         assert tree_diff(state.params, state1.params) <= 1e-3 * update_norm, M
         assert int(state.step) == 3
     # The ratio differs from 1 and the clips are active, so the test exercises them.
     assert float(m1[0]["clipfrac"]) > 0
     np.testing.assert_allclose(m1[0]["lr"], HP.lr)
-    np.testing.assert_allclose(m1[0]["grad_sqnorm"], m1[0]["grad_norm"] ** 2, rtol=1e-5)
+    np.testing.assert_allclose(m1[0]["actor_grad_sqnorm"], m1[0]["actor_grad_norm"] ** 2,
+                               rtol=1e-5)
 
 
 def test_micro_batch_sqnorm_is_its_own_loss_gradient(params):
     """grad_sqnorm_micro[m] = |grad of the loss micro-batch m would give on its own|^2."""
     batch = make_grpo_batch(0)
     _, (m4,) = run_grpo(params, [batch], 4)
-    # Micro-batch 1 holds rows 1, 5, 9, 13. Tiling them 4x keeps the token-mean loss (and its
-    # gradient) of that micro-batch alone, at the full batch shape (no new compile).
-    sub = jax.tree.map(lambda x: jnp.tile(x[1::4], (4,) + (1,) * (x.ndim - 1)), batch)
+    # Micro-batch 1 holds groups 1 and 5 (rows 2, 3, 10, 11). Tiling them 4x keeps the
+    # token-mean loss (and its gradient) of that micro-batch alone, its groups and so their
+    # advantages, at the full batch shape (no new compile).
+    rows = np.array([2, 3, 10, 11])
+    sub = jax.tree.map(lambda x: jnp.tile(x[rows], (4,) + (1,) * (x.ndim - 1)), batch)
     _, (m_sub,) = run_grpo(params, [sub], 1)
-    np.testing.assert_allclose(m4["grad_sqnorm_micro"][1], tree_norm(m_sub["grads"]) ** 2,
+    np.testing.assert_allclose(m4["actor_grad_sqnorm_micro"][1],
+                               tree_norm(m_sub["actor_grads"]) ** 2,
                                rtol=1e-5)
-    np.testing.assert_allclose(m4["grad_sqnorm"], m4["grad_norm"] ** 2, rtol=1e-5)
+    np.testing.assert_allclose(m4["actor_grad_sqnorm"], m4["actor_grad_norm"] ** 2,
+                               rtol=1e-5)
 
 
 def test_micro_batches_hold_whole_groups(params):
@@ -216,20 +264,20 @@ def test_micro_batches_hold_whole_groups(params):
     G, M = 4, 2                                    # 16 rows = 4 groups of 4; 2 micro-batches
     batch = make_grpo_batch(0)
     _, (m2,) = run_grpo(params, [batch], M, group_size=G)
-    _, (m1,) = run_grpo(params, [batch], 1)
-    assert tree_diff(m2["grads"], m1["grads"]) <= 1e-5 * tree_norm(m1["grads"])
+    _, (m1,) = run_grpo(params, [batch], 1, group_size=G)
+    assert tree_diff(m2["actor_grads"], m1["actor_grads"]) <= 1e-5 * tree_norm(m1["actor_grads"])
     groups = np.arange(B).reshape(-1, G)            # row indices of each group
     for m in range(M):
         rows = groups[m::M].reshape(-1)             # micro-batch m: groups m, m + M
         assert len(set(rows // G)) == B // G // M   # whole groups, no row of another group
         # Tiling the groups M times keeps their token-mean loss at the full batch shape.
         sub = jax.tree.map(lambda x: jnp.tile(x[rows], (M,) + (1,) * (x.ndim - 1)), batch)
-        _, (alone,) = run_grpo(params, [sub], 1)
-        np.testing.assert_allclose(m2["grad_sqnorm_micro"][m], tree_norm(alone["grads"]) ** 2,
+        _, (alone,) = run_grpo(params, [sub], 1, group_size=G)
+        np.testing.assert_allclose(m2["actor_grad_sqnorm_micro"][m],
+                                   tree_norm(alone["actor_grads"]) ** 2,
                                    rtol=1e-5)
     with pytest.raises(ValueError, match="micro_batches=3"):
-        steps.grpo_grads(params, batch, cfg=CFG, loss_cfg=LOSS_CFG, micro_batches=3,
-                         group_size=G)
+        trace_grpo(params, batch, micro_batches=3, group_size=G)
 
 
 @pytest.mark.parametrize("agg", ["seq-mean-token-mean", "seq-mean-token-sum"])
@@ -238,31 +286,33 @@ def test_seq_mean_modes_micro_batch_invariant(params, agg):
     batch = make_grpo_batch(0)
     batch = batch.replace(loss_mask_BT=batch.loss_mask_BT.at[5].set(False))   # an empty row
 
-    @functools.partial(jax.jit, static_argnums=2, compiler_options=FAST_COMPILE)
     def grads(p, b, M):
-        return steps.grpo_grads(p, b, cfg=CFG, loss_cfg=loss_cfg, micro_batches=M)
+        _, (m,) = run_grpo(p, [b], M, loss_cfg=loss_cfg)
+        return m["actor_grads"], m
 
     g1, m1 = grads(params, batch, 1)
     g4, m4 = grads(params, batch, 4)
     assert tree_diff(g4, g1) <= 1e-5 * tree_norm(g1)
-    np.testing.assert_allclose(m4["loss"], m1["loss"], rtol=1e-5)
-    # Tiling micro-batch 1's rows keeps its seq-mean loss: its own gradient at full shape.
-    sub = jax.tree.map(lambda x: jnp.tile(x[1::4], (4,) + (1,) * (x.ndim - 1)), batch)
+    np.testing.assert_allclose(m4["actor_loss"], m1["actor_loss"], rtol=1e-5)
+    # Tiling micro-batch 1's groups keeps its seq-mean loss: its own gradient at full shape.
+    rows = np.array([2, 3, 10, 11])
+    sub = jax.tree.map(lambda x: jnp.tile(x[rows], (4,) + (1,) * (x.ndim - 1)), batch)
     g_sub, _ = grads(params, sub, 1)
-    np.testing.assert_allclose(m4["grad_sqnorm_micro"][1], tree_norm(g_sub) ** 2, rtol=1e-5)
+    np.testing.assert_allclose(m4["actor_grad_sqnorm_micro"][1], tree_norm(g_sub) ** 2,
+                               rtol=1e-5)
 
 
 def test_nonfinite_gradient_skips_update(params):
     batch = make_grpo_batch(0)
-    batch = batch.replace(advantages=batch.advantages.at[3].set(jnp.nan))
+    batch = batch.replace(rewards_B=batch.rewards_B.at[3].set(jnp.nan))
     state, (m,) = run_grpo(params, [batch], 1)
-    assert int(m["nonfinite_count"]) == 1
-    assert not np.isfinite(float(m["grad_norm"]))
+    assert int(m["actor_nonfinite_count"]) == 1
+    assert not np.isfinite(float(m["actor_grad_norm"]))
     for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(params)):
         np.testing.assert_array_equal(a, b)
     # The next finite batch updates normally; the counter keeps the skipped one.
     state, m = _grpo_fn(1)(state, make_grpo_batch(1))
-    assert int(m["nonfinite_count"]) == 1 and int(state.step) == 2
+    assert int(m["actor_nonfinite_count"]) == 1 and int(state.step) == 2
     assert tree_diff(state.params, params) > 0
 
 
@@ -280,16 +330,15 @@ def test_score_tokens_matches_step_logprobs(params):
 def test_minibatches_and_epochs(params):
     state, (m,) = run_grpo(params, [make_grpo_batch(0)], 1, num_minibatches=2, epochs=2)
     assert int(state.step) == 4
-    assert m["loss"].shape == (4,) and m["grad_sqnorm_micro"].shape == (4, 1)
-    assert np.all(np.isfinite(m["loss"]))
+    assert m["actor_loss"].shape == (4,) and m["actor_grad_sqnorm_micro"].shape == (4, 1)
+    assert np.all(np.isfinite(m["actor_loss"]))
 
 
 def test_bad_micro_batch_count_and_missing_reference(params):
     with pytest.raises(ValueError, match="micro_batches=3"):
-        steps.grpo_grads(params, make_grpo_batch(0), cfg=CFG, loss_cfg=LOSS_CFG, micro_batches=3)
+        trace_grpo(params, make_grpo_batch(0), micro_batches=3)
     with pytest.raises(ValueError, match="ref_logp_BT"):
-        steps.grpo_grads(params, make_grpo_batch(0).replace(ref_logp_BT=None), cfg=CFG,
-                         loss_cfg=LOSS_CFG)
+        trace_grpo(params, make_grpo_batch(0).replace(ref_logp_BT=None))
 
 
 # ----------------------------------------------------------------------------- PPO
@@ -330,13 +379,14 @@ def test_float32_master_params_with_bfloat16_compute(params):
     out = {}
     for name, cfg in (("f32", CFG), ("bf16", cfg16)):
         fn = steps.make_train_step(steps.grpo_step, donate=False, compiler_options=FAST_COMPILE,
-                                   cfg=cfg, tx=TX, loss_cfg=LOSS_CFG, with_grads=True)
+                                   cfg=cfg, tx=TX, loss_cfg=LOSS_CFG, with_grads=True,
+                                   group_size=GT)
         out[name] = fn(new_state(params), batch)
     state16, m16 = out["bf16"]
     leaves = jax.tree_util.tree_leaves((state16.params, state16.opt_state))
     assert all(x.dtype in (jnp.float32, jnp.int32) for x in leaves)
     g32, g16 = (np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in
-                                jax.tree_util.tree_leaves(out[n][1]["grads"])])
+                                jax.tree_util.tree_leaves(out[n][1]["actor_grads"])])
                 for n in ("f32", "bf16"))
     cos = g32 @ g16 / np.linalg.norm(g32) / np.linalg.norm(g16)
     assert cos > 0.99, cos

@@ -10,9 +10,9 @@ from jaxrl_scale.experiment.sweep import SweepConfig, plan, run_sweep
 
 
 def _base(data_dir):
-    return TrainConfig(data_dir=data_dir, model="tiny", num_train_examples=200,
-                       num_test_examples=16, max_new_tokens=4, eval_prompts=8,
-                       eval_samples=2, base_lr=1e-3)
+    return TrainConfig.make(data_dir=data_dir, model="tiny", num_train_examples=200,
+                            num_test_examples=16, max_new_tokens=4, eval_prompts=8,
+                            eval_samples=2, base_lr=1e-3)
 
 
 def test_plan_grid_and_lr_rules():
@@ -23,7 +23,7 @@ def test_plan_grid_and_lr_rules():
     # fixed lr at the reference batch is the sqrt run: 3 batches x 2 rules - 1, x 2 seeds
     assert len(runs) == 10 and len(set(names)) == 10
     assert "grpo_P4_G8_fixed_s0" not in names and "grpo_P16_G8_fixed_s1" in names
-    assert {r.base_batch for r in runs} == {32}
+    assert {r.optim.base_batch for r in runs} == {32}
     r = next(r for r in runs if r.prompts_per_step == 16)
     assert r.batch_train == 128 and r.eval_every == sweep.eval_every_responses // 128
 
@@ -32,7 +32,7 @@ def test_default_and_full_study_designs():
     """The default study: >= 5 batches over >= 16x, >= 3 seeds, the fixed-lr control at >= 2
     batches, an equal-P*G pair with another G; the full one adds PPO with its own grid."""
     runs = plan(sweep_mod.study_config("default"), TrainConfig(micro_batches=2))
-    configs = {(r.algo, r.prompts_per_step, r.group_size, r.lr_rule) for r in runs}
+    configs = {(r.algo, r.prompts_per_step, r.group_size, r.optim.lr_rule) for r in runs}
     sqrt_b = sorted({p * g for a, p, g, rule in configs if rule == "sqrt"})
     assert len(sqrt_b) >= 5 and sqrt_b[-1] / sqrt_b[0] >= 16
     assert len({p * g for a, p, g, rule in configs if rule == "fixed"}) >= 2
@@ -46,7 +46,7 @@ def test_default_and_full_study_designs():
         assert r.prompts_per_step % r.micro_batches == 0
     full = plan(sweep_mod.study_config("full"), TrainConfig(micro_batches=2))
     ppo = [r for r in full if r.algo == "ppo"]
-    assert ppo and {r.group_size for r in ppo} == {1} and {r.base_batch for r in ppo} == {64}
+    assert ppo and {r.group_size for r in ppo} == {1} and {r.optim.base_batch for r in ppo} == {64}
     # the full study contains every run of the default one (so it can resume from it)
     assert {c.run_dir for c in runs} <= {c.run_dir for c in full}
     with pytest.raises(ValueError, match="study 'nope' is unknown"):
@@ -76,7 +76,7 @@ def test_sweep_resume_skips_finished_runs(tmp_path, monkeypatch):
         tuned = json.load(f)["tuned"]["grpo"]
     assert tuned["lr"] in (1e-3, 3e-3) and set(tuned["scores"]) == {"0.001", "0.003"}
     with open(os.path.join(sweep.sweep_dir, "grpo_P8_G2_sqrt_s0", "config.json")) as f:
-        assert json.load(f)["base_lr"] == tuned["lr"]
+        assert json.load(f)["optim"]["base_lr"] == tuned["lr"]
     # A random tiny policy never reaches 0.5: the report says so instead of inventing N*,
     # and the tuning runs are not study runs.
     assert "analysis_error" not in summary and summary["reference_reached"] is False
@@ -123,6 +123,6 @@ def test_cli_flags_override_the_study():
     full = sweep_mod.study_config("full")
     assert got["algos"] == list(full.algos) and got["ppo_prompts"] == list(full.ppo_prompts)
     assert got["prompts"] == [8, 16] and got["pairs"] == [[16, 4]] and got["tune_lrs"] == []
-    assert got["target"] == "0.3" and got["seeds"] == [0]
+    assert got["target"] == 0.3 and got["seeds"] == [0]
     bad = _cli("--pairs=16y4")
     assert bad.returncode != 0 and "--pairs=16y4" in bad.stderr and "32x4" in bad.stderr

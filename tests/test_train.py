@@ -8,7 +8,6 @@ import textwrap
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -16,9 +15,9 @@ from jaxrl_scale.experiment.config import TrainConfig, validate
 from jaxrl_scale.experiment.train import Run, run_training
 from jaxrl_scale.models import get_config, init_params
 from jaxrl_scale.optim import AdamHParams, make_optimizer
-from jaxrl_scale.rl.losses import group_advantages
+from jaxrl_scale.rl.batch import rollout_batch
 from jaxrl_scale.rl.state import create_train_state
-from jaxrl_scale.rl.steps import GRPOBatch, LossConfig, grpo_step
+from jaxrl_scale.rl.steps import LossConfig, grpo_step
 from jaxrl_scale.sampling import generate
 
 TIME_KEYS = {"time_s", "gen_s", "decode_s", "train_s", "update_s", "eval_s", "compile_s"}
@@ -35,7 +34,7 @@ def tiny_cfg(run_dir, data_dir, **kw):
                 max_new_tokens=4, eval_every=2, eval_prompts=8, eval_samples=2,
                 checkpoint_every=2, max_steps=6, base_lr=1e-3, base_batch=16)
     base.update(kw)
-    return TrainConfig(**base)
+    return TrainConfig.make(**base)
 
 
 def _records(run_dir):
@@ -53,31 +52,19 @@ def test_grpo_learns_a_trivial_reward():
     params = init_params(cfg, 0)
     tx = make_optimizer(AdamHParams(lr=3e-3), max_grad_norm=1.0)
     state = create_train_state(params, tx, 0)
-    step = jax.jit(lambda s, b: grpo_step(s, b, cfg=cfg, tx=tx, loss_cfg=LossConfig()))
+    step = jax.jit(lambda s, b: grpo_step(s, b, cfg=cfg, tx=tx, loss_cfg=LossConfig(),
+                                          group_size=8))
     prompts = [[3, 4, 5]] * 8 + [[6, 5]] * 8
-    P, M = 3, 6
     means = []
     for it in range(25):
-        out = generate(cfg, state.params, prompts, max_new_tokens=M, temperature=1.0,
+        out = generate(cfg, state.params, prompts, max_new_tokens=6, temperature=1.0,
                        eos_id=None, pad_id=0, seed=it)
         toks = np.asarray(out.tokens)
         rewards = (toks == 7).mean(1).astype(np.float32)
         means.append(rewards.mean())
-        tokens_BT = np.zeros((16, P + M), np.int32)
-        valid_BT = np.zeros((16, P + M), bool)
-        for i, p in enumerate(prompts):
-            tokens_BT[i, P - len(p):P] = p
-            valid_BT[i, P - len(p):P] = True
-        tokens_BT[:, P:] = toks
-        valid_BT[:, P:] = True
-        loss_mask = np.zeros_like(valid_BT)
-        loss_mask[:, P:] = True
-        old = np.zeros((16, P + M), np.float32)
-        old[:, P:] = np.asarray(out.logprobs)
-        adv = np.asarray(group_advantages(jnp.asarray(rewards), 8))
-        state, m = step(state, GRPOBatch(tokens_BT=tokens_BT, valid_BT=valid_BT,
-                                         loss_mask_BT=loss_mask, old_logp_BT=old,
-                                         advantages=adv))
+        batch, _ = rollout_batch(prompts, toks, np.asarray(out.logprobs), np.asarray(out.lengths),
+                                 rewards, prompt_len=3, pad_id=0, group_size=8)
+        state, m = step(state, batch)
     assert np.mean(means[-5:]) > np.mean(means[:5]) + 0.2, means
 
 
@@ -178,6 +165,12 @@ def test_eval_se_is_the_within_prompt_sampling_noise():
     (dict(task="math_jsonl", task_kwargs={"manual_dir": "/no/such/dir"}), "manual_dir"),
     (dict(lr_rule="cubic"), "lr_rule"),
     (dict(micro_batches=3), "micro_batches.*whole groups"),
+    (dict(advantage="foo"), "advantage"),
+    (dict(agg="mean"), "agg"),
+    (dict(clip_low=-0.1), "clip_low"),
+    (dict(vf_clip=-1.0), "vf_clip"),
+    (dict(gamma=1.5), "gamma"),
+    (dict(lam=-1.0), "lam"),
 ])
 def test_bad_config_names_the_field(tmp_path, data_dir, kw, field):
     with pytest.raises(ValueError, match=field):
@@ -247,3 +240,61 @@ def test_sampling_in_chunks_keeps_every_row(tmp_path, data_dir):
     np.testing.assert_array_equal(tokens1, np.asarray(ref.tokens))
     with pytest.raises(ValueError, match="generate_chunk"):
         validate(tiny_cfg(tmp_path, data_dir, generate_chunk=0))
+
+
+# Renamed by the loop redesign (the step names its metrics; docs/API.md names): old -> new,
+# None = dropped (PPO logged the actor's lr twice, as actor_lr and lr).
+_RENAMED = {"grpo": {"loss": "actor_loss", "nonfinite_count": "actor_nonfinite_count"},
+            "ppo": {"actor_lr": None}}
+
+
+def _digit_share(response, example):
+    """A reward a random tiny model earns unevenly (groups have variance): the share of its
+    response's characters that are digits."""
+    return sum(c.isdigit() for c in response) / max(len(response), 1)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_metrics_pinned_to_the_loop_before_the_redesign(tmp_path, data_dir, algo, monkeypatch):
+    """tests/data/pinned_metrics.json holds 4-step GRPO and PPO runs of the loop before
+    rollout_batch / advantages-in-the-step / born-sharded params / nested configs (recorded by
+    running this file's tiny_cfg with that loop and the _digit_share reward): the same config
+    and seed give the same values."""
+    import jaxrl_scale.data
+    from jaxrl_scale.data.rewards import RewardFn
+    monkeypatch.setattr(jaxrl_scale.data, "reward_for_task",
+                        lambda name, **kw: RewardFn(_digit_share, name="digits"))
+    with open(os.path.join(os.path.dirname(__file__), "data", "pinned_metrics.json")) as f:
+        pinned = json.load(f)[algo]
+    cfg = tiny_cfg(tmp_path / algo, data_dir, max_steps=4, **pinned["config"])
+    run_training(cfg, progress=False)
+    got = _strip_times(_records(cfg.run_dir))
+    assert len(got) == len(pinned["records"])
+    for old, new in zip(pinned["records"], got):
+        want = {}
+        for k, v in old.items():
+            k = _RENAMED[algo].get(k, k)
+            if k is not None:
+                want[k] = v
+        assert set(new) == set(want), (set(new) ^ set(want))
+        for k, v in want.items():
+            if isinstance(v, float) or isinstance(new[k], float):
+                np.testing.assert_allclose(new[k], v, rtol=1e-4, atol=1e-6, err_msg=k)
+            elif isinstance(v, list):
+                np.testing.assert_allclose(new[k], v, rtol=1e-4, atol=1e-7, err_msg=k)
+            else:
+                assert new[k] == v, k
+
+
+def test_kl_to_the_frozen_reference(tmp_path, data_dir):
+    """--kl_coef > 0: the initial policy is kept as the reference; its KL to the policy is 0
+    at the first update (the policy is the reference) and grows as the policy moves."""
+    cfg = tiny_cfg(tmp_path / "kl", data_dir, kl_coef=0.05, max_steps=5, base_lr=1e-2,
+                   eval_every=100)
+    run_training(cfg, progress=False)
+    kl = [r["kl"] for r in _records(cfg.run_dir) if "kl" in r]
+    assert len(kl) == 5
+    assert abs(kl[0]) < 1e-6, kl
+    assert kl[-1] > 1e-4 and kl[-1] > kl[1], kl
+    with pytest.raises(ValueError, match="kl_kind"):
+        validate(tiny_cfg(tmp_path, data_dir, kl_coef=0.05, kl_kind="k9"))

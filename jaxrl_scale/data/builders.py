@@ -75,9 +75,24 @@ def _text_features(**extra: Any) -> tfds.features.FeaturesDict:
     )
 
 
+@dataclasses.dataclass
+class _GeneratedSplits(tfds.core.BuilderConfig):
+    """Knobs every generated task shares: split sizes, the held-out share, the seed."""
+
+    seed: int = 0
+    num_train: int = 20_000
+    num_test: int = 500
+    test_fraction: float = 0.1
+
+
 def _knob_fields(cfg_cls: type) -> dict[str, dataclasses.Field]:
+    """A config's own fields, the task's first and the shared split knobs last (the order
+    of the dataset directory name)."""
     base = {f.name for f in dataclasses.fields(tfds.core.BuilderConfig)}
-    return {f.name: f for f in dataclasses.fields(cfg_cls) if f.name not in base}
+    shared = [f.name for f in dataclasses.fields(_GeneratedSplits) if f.name not in base]
+    fields = {f.name: f for f in dataclasses.fields(cfg_cls) if f.name not in base}
+    order = [n for n in fields if n not in shared] + [n for n in shared if n in fields]
+    return {n: fields[n] for n in order}
 
 
 def _slug(v: Any) -> str:
@@ -168,16 +183,12 @@ class _TaskBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
 
 @dataclasses.dataclass
-class ArithmeticConfig(tfds.core.BuilderConfig):
+class ArithmeticConfig(_GeneratedSplits):
     """Knobs of the arithmetic task: see tasks.ArithmeticSpec."""
 
     digits: int = 2
     ops: str = "+-*"
     num_operands: int = 2
-    seed: int = 0
-    num_train: int = 20_000
-    num_test: int = 500
-    test_fraction: float = 0.1
 
 
 class Arithmetic(_TaskBuilder, skip_registration=True):
@@ -211,7 +222,7 @@ class Arithmetic(_TaskBuilder, skip_registration=True):
 
 
 @dataclasses.dataclass
-class CountdownConfig(tfds.core.BuilderConfig):
+class CountdownConfig(_GeneratedSplits):
     """Knobs of the countdown task: see tasks.CountdownSpec."""
 
     min_numbers: int = 3
@@ -219,10 +230,6 @@ class CountdownConfig(tfds.core.BuilderConfig):
     max_number: int = 25
     min_target: int = 10
     max_target: int = 100
-    seed: int = 0
-    num_train: int = 20_000
-    num_test: int = 500
-    test_fraction: float = 0.1
 
 
 class Countdown(_TaskBuilder, skip_registration=True):

@@ -1,38 +1,12 @@
-"""Host-side packing of prompts and responses into fixed-shape arrays (no recompiles).
-
-Layout of every training sequence, length T = Tp + M:
-    [pad ... pad prompt_0 .. prompt_k | resp_0 .. resp_j EOS pad ... pad]
-     <------------- Tp, left-padded -> <--------- M, right-padded ------->
-`valid_BT` marks real tokens, `response_BT` marks response tokens (the ones the policy chose).
-"""
+"""Host-side text <-> array helpers of the loop (the rollout batch itself: rl/batch.py)."""
 from __future__ import annotations
 
 from typing import Sequence
 
 import numpy as np
 
-
-def pack_sequences(prompts: Sequence[Sequence[int]], responses_BM: np.ndarray,
-                   lengths_B: np.ndarray, *, prompt_len: int, pad_id: int):
-    """-> dict of numpy arrays tokens_BT, valid_BT, response_BT (T = prompt_len + M)."""
-    B, M = responses_BM.shape
-    if len(prompts) != B:
-        raise ValueError(f"{len(prompts)} prompts but {B} responses.")
-    tokens_BT = np.full((B, prompt_len + M), pad_id, np.int32)
-    valid_BT = np.zeros((B, prompt_len + M), bool)
-    for i, p in enumerate(prompts):
-        if len(p) > prompt_len:
-            raise ValueError(f"prompt {i} has {len(p)} tokens > max_prompt_len={prompt_len}; "
-                             "raise --max_prompt_len.")
-        tokens_BT[i, prompt_len - len(p):prompt_len] = p
-        valid_BT[i, prompt_len - len(p):prompt_len] = True
-    tokens_BT[:, prompt_len:] = responses_BM
-    response_BM = np.arange(M)[None, :] < np.asarray(lengths_B)[:, None]
-    valid_BT[:, prompt_len:] = response_BM
-    response_BT = np.zeros_like(valid_BT)
-    response_BT[:, prompt_len:] = response_BM
-    tokens_BT[~valid_BT] = pad_id
-    return {"tokens_BT": tokens_BT, "valid_BT": valid_BT, "response_BT": response_BT}
+from jaxrl_scale.models.tokenizer import decode_response
+from jaxrl_scale.rl.batch import pack_sequences
 
 
 def pack_texts(tokenizer, prompts: Sequence[str], responses: Sequence[str], *,
@@ -53,21 +27,6 @@ def pack_texts(tokenizer, prompts: Sequence[str], responses: Sequence[str], *,
 
 
 def decode_responses(tokenizer, tokens_BM: np.ndarray, lengths_B: np.ndarray) -> list[str]:
-    """Response text without the EOS token and padding.
-
-    Models often have more logits than the tokenizer has ids (padded vocabularies); a sampled
-    id the tokenizer cannot decode becomes U+FFFD, so it can never match an answer.
-    """
-    out = []
-    special = (tokenizer.eos_id, tokenizer.pad_id)
-    for row, n in zip(np.asarray(tokens_BM), np.asarray(lengths_B)):
-        ids = [int(t) for t in row[:int(n)] if int(t) not in special]
-        pieces, run = [], []
-        for t in ids:
-            if t < tokenizer.vocab_size:
-                run.append(t)
-            else:
-                pieces += [tokenizer.decode(run), "\ufffd"]
-                run = []
-        out.append("".join(pieces) + tokenizer.decode(run))
-    return out
+    """Response texts of a generate() output (see `models.tokenizer.decode_response`)."""
+    return [decode_response(tokenizer, row[:int(n)])
+            for row, n in zip(np.asarray(tokens_BM), np.asarray(lengths_B))]

@@ -4,17 +4,43 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import typing
 from typing import Any
+
+from jaxrl_scale.optim import ADAM_RULES
+from jaxrl_scale.rl.steps import LossConfig
+from jaxrl_scale.sampling.rules import SamplingConfig
 
 ALGOS = ("grpo", "ppo")
 # The built-in CPU task: 2-digit addition and subtraction (answers of 1-3 characters).
 DEFAULT_TASK_KWARGS = {"digits": 2, "ops": "+-"}
-LR_RULES = ("fixed", "linear", "sqrt", "malladi")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """Adam and its batch-scaling rule (lr follows lr_rule relative to base_batch)."""
+
+    base_lr: float = 2e-4
+    base_batch: int = 256
+    lr_rule: str = "sqrt"
+    critic_base_lr: float = 5e-4       # PPO's critic, same rule
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0         # 0 disables clipping
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Every knob of one training run. Scripts map absl flags 1:1 onto these fields."""
+    """Every knob of one training run: top-level fields plus three nested configs.
+
+    `loss` is rl.steps.LossConfig (its temperature is always the sampler's), `sampling` is
+    sampling.SamplingConfig, `optim` the OptimConfig above. Field names are unique across
+    the nesting, so every field also has a flat name: flags are --clip_high, --base_lr,
+    --temperature (not --loss.clip_high), and `make(**flat)` / `replace(**flat)` route flat
+    names to their sub-config.
+    """
 
     run_dir: str = "runs/default"
     algo: str = "grpo"
@@ -33,36 +59,15 @@ class TrainConfig:
     # --- batch (counted in retained responses per update: B_train = P * G)
     prompts_per_step: int = 32         # P
     group_size: int = 8                # G (PPO: 1)
-    # --- optimiser (lr follows the batch rule relative to base_batch)
-    base_lr: float = 2e-4
-    base_batch: int = 256
-    lr_rule: str = "sqrt"
-    critic_base_lr: float = 5e-4
-    warmup_steps: int = 0
-    max_grad_norm: float = 1.0
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    # --- loss
-    advantage: str = "grpo"            # grpo | drgrpo | rloo
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    dual_clip: float = 0.0             # 0 disables; else > 1 (e.g. 3)
-    kl_coef: float = 0.0
-    kl_kind: str = "k3"
-    entropy_coef: float = 0.0
-    agg: str = "token-mean"
-    filter_zero_variance: bool = False
-    gamma: float = 1.0
-    lam: float = 0.95
-    vf_clip: float = 0.2
-    # --- sampling
+    filter_zero_variance: bool = False  # GRPO: groups with equal rewards leave the loss
+    # --- rollout
     max_new_tokens: int = 6
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    # --- schedule
+    sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
+    # --- update
+    loss: LossConfig = dataclasses.field(default_factory=lambda: LossConfig(clip_high=0.28))
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     micro_batches: int = 1
+    # --- schedule
     max_steps: int = 100
     max_responses: int = 0             # response budget (0: none)
     target: float = 0.0                # stop once eval score >= target ... (0: no target stop)
@@ -81,12 +86,49 @@ class TrainConfig:
     mesh_fsdp: int = 1
     mesh_tensor: int = 1
 
+    # (sub-config, field) set from another field, so no flag or flat name of its own.
+    _HIDDEN_FLAGS: typing.ClassVar = (("loss", "temperature"),)
+
+    def __post_init__(self):
+        # Tokens are scored under the distribution they were sampled from.
+        if self.loss.temperature != self.sampling.temperature:
+            object.__setattr__(self, "loss", dataclasses.replace(
+                self.loss, temperature=self.sampling.temperature))
+
     @property
     def batch_train(self) -> int:
         return self.prompts_per_step * self.group_size
 
-    def replace(self, **kw) -> "TrainConfig":
-        return dataclasses.replace(self, **kw)
+    @classmethod
+    def make(cls, **flat) -> "TrainConfig":
+        """TrainConfig() with fields given by flat name (see the class docstring)."""
+        return cls().replace(**flat)
+
+    def replace(self, **flat) -> "TrainConfig":
+        """dataclasses.replace that also takes the flat names of nested fields."""
+        top, nested = {}, {}
+        for k, v in flat.items():
+            if k in _TOP:
+                top[k] = v
+            elif k in _NESTED:
+                nested.setdefault(_NESTED[k], {})[k] = v
+            else:
+                raise ValueError(f"TrainConfig has no field {k!r}. Fix: use one of "
+                                 f"{sorted(_TOP | set(_NESTED))}.")
+        for sub, kw in nested.items():
+            top[sub] = dataclasses.replace(top.get(sub, getattr(self, sub)), **kw)
+        return dataclasses.replace(self, **top)
+
+    def flat(self) -> dict[str, Any]:
+        """{flat name: value} of every field (nested ones by their own name)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name in SUBCONFIGS:
+                out.update({n: getattr(v, n) for n in _fields(v) if (f.name, n) not in _HIDDEN})
+            else:
+                out[f.name] = v
+        return out
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -95,17 +137,40 @@ class TrainConfig:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "TrainConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        """From to_json's output (nested) or a flat dict; unknown keys are ignored."""
+        flat = {}
+        for k, v in d.items():
+            if k in SUBCONFIGS and isinstance(v, dict):
+                flat.update({n: x for n, x in v.items() if (k, n) not in _HIDDEN})
+            else:
+                flat[k] = v
+        return cls.make(**{k: v for k, v in flat.items() if k in _TOP - SUBCONFIGS.keys()
+                           or k in _NESTED})
+
+
+def _fields(obj_or_cls) -> list[str]:
+    return [f.name for f in dataclasses.fields(obj_or_cls)]
+
+
+SUBCONFIGS = {"loss": LossConfig, "sampling": SamplingConfig, "optim": OptimConfig}
+_HIDDEN = set(TrainConfig._HIDDEN_FLAGS)
+_TOP = set(_fields(TrainConfig))
+_NESTED = {n: sub for sub, cls in SUBCONFIGS.items() for n in _fields(cls)
+           if (sub, n) not in _HIDDEN}
+assert not (_TOP & set(_NESTED)) and len(_NESTED) == sum(
+    len(_fields(c)) for c in SUBCONFIGS.values()) - len(_HIDDEN), "flat names must be unique"
 
 
 def _err(field: str, problem: str, fix: str) -> ValueError:
-    return ValueError(f"TrainConfig.{field}: {problem}. Fix: {fix}.")
+    where = f"{_NESTED[field]}.{field}" if field in _NESTED else field
+    return ValueError(f"TrainConfig.{where}: {problem}. Fix: {fix}.")
 
 
 def validate(cfg: TrainConfig, *, data_parallel: int | None = None,
              model_max_seq_len: int | None = None) -> None:
-    """Raise a ValueError naming the field and the fix; cheap, runs before any compilation."""
+    """Raise a ValueError naming the field and the fix; cheap, runs before any compilation.
+    (LossConfig and SamplingConfig check their names and ranges when they are built.)"""
+    f = cfg.flat()
     if cfg.algo not in ALGOS:
         raise _err("algo", f"{cfg.algo!r} is unknown", f"use one of {ALGOS}")
     if cfg.algo == "grpo" and cfg.group_size < 2:
@@ -118,13 +183,20 @@ def validate(cfg: TrainConfig, *, data_parallel: int | None = None,
         raise _err("prompts_per_step", f"must be >= 1, got {cfg.prompts_per_step}",
                    "set --prompts_per_step to a positive integer")
     for name in ("base_lr", "critic_base_lr"):
-        if not getattr(cfg, name) > 0:
-            raise _err(name, f"learning rate must be positive, got {getattr(cfg, name)}",
+        if not f[name] > 0:
+            raise _err(name, f"learning rate must be positive, got {f[name]}",
                        f"set --{name} > 0")
-    if cfg.base_batch < 1:
-        raise _err("base_batch", f"must be >= 1, got {cfg.base_batch}", "set --base_batch")
-    if cfg.lr_rule not in LR_RULES:
-        raise _err("lr_rule", f"{cfg.lr_rule!r} is unknown", f"use one of {LR_RULES}")
+    if f["base_batch"] < 1:
+        raise _err("base_batch", f"must be >= 1, got {f['base_batch']}", "set --base_batch")
+    if f["lr_rule"] not in ADAM_RULES:
+        raise _err("lr_rule", f"{f['lr_rule']!r} is unknown", f"use one of {ADAM_RULES}")
+    for name, lo, hi in (("clip_low", 0.0, 1.0), ("clip_high", 0.0, None), ("vf_clip", 0.0, None),
+                         ("kl_coef", 0.0, None), ("entropy_coef", 0.0, None),
+                         ("gamma", 0.0, 1.0), ("lam", 0.0, 1.0)):
+        v = f[name]
+        if v < lo or (hi is not None and v > hi):
+            rng = f"[{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}"
+            raise _err(name, f"must be in {rng}, got {v}", f"set --{name} in {rng}")
     if cfg.eval_every < 1:
         raise _err("eval_every", f"eval interval must be >= 1 step, got {cfg.eval_every}",
                    "set --eval_every to a positive number of steps")
@@ -137,8 +209,8 @@ def validate(cfg: TrainConfig, *, data_parallel: int | None = None,
                    "choose a divisor of prompts_per_step")
     if cfg.max_new_tokens < 1:
         raise _err("max_new_tokens", f"must be >= 1, got {cfg.max_new_tokens}", "raise it")
-    if cfg.dual_clip and cfg.dual_clip <= 1:
-        raise _err("dual_clip", f"must be > 1 (or 0 to disable), got {cfg.dual_clip}",
+    if f["dual_clip"] and f["dual_clip"] <= 1:
+        raise _err("dual_clip", f"must be > 1 (or 0 to disable), got {f['dual_clip']}",
                    "use e.g. --dual_clip=3")
     if cfg.generate_chunk < 1:
         raise _err("generate_chunk", f"must be >= 1, got {cfg.generate_chunk}",

@@ -53,6 +53,14 @@ class SFTConfig:
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def sft_config_for(cfg, target_accuracy: float = SFTConfig.target_accuracy) -> SFTConfig:
+    """The warm-start of an RL TrainConfig: the same task, data, model and response length."""
+    return SFTConfig(task=cfg.task, task_kwargs=cfg.task_kwargs, data_dir=cfg.data_dir,
+                     model=cfg.model, num_train_examples=cfg.num_train_examples,
+                     num_test_examples=cfg.num_test_examples,
+                     max_new_tokens=cfg.max_new_tokens, target_accuracy=target_accuracy)
+
+
 def sft_loss(cfg, params, batch):
     """Mean next-token NLL over response tokens (targets shifted by one)."""
     logits_BTV = forward(cfg, params, batch["tokens_BT"], batch["valid_BT"])

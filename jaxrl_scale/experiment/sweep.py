@@ -64,7 +64,7 @@ class SweepConfig:
 STUDIES: dict[str, dict[str, Any]] = {
     # GRPO, 5 batches over 16x (64..1024 responses), reference B0 = 128 (P=16 x G=8) with its
     # lr tuned first, sqrt lr, the fixed-lr control at B = 256 and 512, the equal-P*G pair
-    # 32 x 4 beside the reference, 3 seeds: 24 runs, about 35 min on 2 CPU cores.
+    # 32 x 4 beside the reference, 3 seeds: 24 runs (measured wall time: README).
     "default": {},
     # The default's runs (reused when run in the same --sweep_dir) plus B = 32, a second pair
     # (8 x 16) and a PPO sweep over P = 64..1024 with its own tuned lr (actor and critic
@@ -117,7 +117,7 @@ def plan(sweep: SweepConfig, base: TrainConfig, base_lrs: dict[str, float] | Non
          ) -> list[TrainConfig]:
     """Every run of the study as a TrainConfig, seeds innermost. The fixed-lr run at the
     reference batch is the sqrt run (same lr), so it is run once. ``base_lrs`` {algo: lr}
-    replaces base.base_lr (the tuned lr)."""
+    replaces base.optim.base_lr (the tuned lr)."""
     runs, seen = [], set()
     for algo, P, G, rule in _points(sweep):
         B0 = _reference_batch(sweep, algo)
@@ -131,7 +131,7 @@ def plan(sweep: SweepConfig, base: TrainConfig, base_lrs: dict[str, float] | Non
             runs.append(base.replace(
                 run_dir=os.path.join(sweep.sweep_dir, name), algo=algo,
                 prompts_per_step=P, group_size=G, lr_rule=eff_rule, seed=seed,
-                base_batch=B0, base_lr=(base_lrs or {}).get(algo, base.base_lr),
+                base_batch=B0, base_lr=(base_lrs or {}).get(algo, base.optim.base_lr),
                 max_responses=sweep.max_responses, max_steps=10 ** 9,
                 eval_every=max(1, sweep.eval_every_responses // B),
                 checkpoint_every=max(1, 2 * sweep.eval_every_responses // B),
@@ -174,7 +174,7 @@ def choose_lrs(sweep: SweepConfig, tune_runs: list[TrainConfig]) -> dict[str, An
     """{algo: {"lr", "scores": {lr: score}}} from finished tuning runs (highest score)."""
     out = {}
     for algo in sweep.algos:
-        scores = {c.base_lr: tune_score(c.run_dir) for c in tune_runs if c.algo == algo}
+        scores = {c.optim.base_lr: tune_score(c.run_dir) for c in tune_runs if c.algo == algo}
         ok = {lr: s for lr, s in scores.items() if s is not None}
         if ok:
             out[algo] = {"lr": max(ok, key=lambda lr: (ok[lr], -lr)), "scores": scores,

@@ -1,4 +1,5 @@
-"""One GRPO/PPO run: rollout -> rewards -> advantages -> one update -> eval -> checkpoint.
+"""One GRPO/PPO run: rollout -> rewards -> batch (rl/batch.py) -> update (advantages and the
+KL term inside the jitted step, rl/steps.py) -> log -> eval -> checkpoint.
 
 Everything a user can change is a TrainConfig field; this module is the only place where the
 pieces meet. Accounting (SCIENCE.md section 1):
@@ -12,7 +13,6 @@ and truncates metrics.jsonl to it, so the file never holds duplicate or missing 
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
@@ -28,16 +28,15 @@ from tqdm.auto import tqdm
 from jaxrl_scale import optim
 from jaxrl_scale import sharding as shd
 from jaxrl_scale.checkpoint import Checkpointer, load_pytree
-from jaxrl_scale.experiment.batching import decode_responses, pack_sequences
+from jaxrl_scale.experiment.batching import decode_responses
 from jaxrl_scale.experiment.common import load_splits, prompt_length
 from jaxrl_scale.experiment.config import TrainConfig, validate, write_config
 from jaxrl_scale.experiment.metrics import MetricsLog
 from jaxrl_scale.models import get_config, init_params, load_hf
 from jaxrl_scale.models.tokenizer import load_tokenizer
-from jaxrl_scale.rl import losses
-from jaxrl_scale.rl.state import create_train_state, shard_train_state
-from jaxrl_scale.rl.steps import (GRPOBatch, LossConfig, PPOBatch, grpo_step, make_train_step,
-                                  ppo_step)
+from jaxrl_scale.rl.batch import RolloutBatch, rollout_batch
+from jaxrl_scale.rl.state import init_train_state, state_shardings
+from jaxrl_scale.rl.steps import grpo_step, make_train_step, ppo_step, score_tokens
 from jaxrl_scale.rl.value import init_critic_from_actor
 from jaxrl_scale.sampling import generate
 
@@ -49,15 +48,18 @@ def is_finished(run_dir: str) -> bool:
 
 
 def optimizer_for(cfg: TrainConfig, base_lr: float):
-    """Adam whose hyper-parameters follow cfg.lr_rule in responses per update (P*G)."""
-    base = optim.AdamHParams(lr=base_lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps)
-    hp = optim.scaled_adam_hparams(base, cfg.batch_train, cfg.base_batch, cfg.lr_rule)
-    tx = optim.make_optimizer(hp, warmup_steps=cfg.warmup_steps,
-                              max_grad_norm=cfg.max_grad_norm or None)
-    return hp, tx, functools.partial(optim.current_lr, hp, warmup_steps=cfg.warmup_steps)
+    """Adam whose hyper-parameters follow optim.lr_rule in responses per update (P*G)."""
+    o = cfg.optim
+    base = optim.AdamHParams(lr=base_lr, b1=o.b1, b2=o.b2, eps=o.eps)
+    hp = optim.scaled_adam_hparams(base, cfg.batch_train, o.base_batch, o.lr_rule)
+    tx = optim.make_optimizer(hp, warmup_steps=o.warmup_steps,
+                              max_grad_norm=o.max_grad_norm or None)
+    return hp, tx, functools.partial(optim.current_lr, hp, warmup_steps=o.warmup_steps)
 
 
 def _model(cfg: TrainConfig, tok):
+    """(model config, params or None): None means a random init from cfg.seed, which the
+    caller runs born sharded (`init_train_state`)."""
     if cfg.hf_checkpoint:
         model_cfg, params = load_hf(os.path.expanduser(cfg.hf_checkpoint))
     else:
@@ -69,9 +71,15 @@ def _model(cfg: TrainConfig, tok):
     if cfg.init_checkpoint:
         like = jax.eval_shape(lambda: init_params(model_cfg, 0))
         params, _ = load_pytree(os.path.expanduser(cfg.init_checkpoint), like)
-    elif params is None:
-        params = init_params(model_cfg, cfg.seed)
     return model_cfg, params
+
+
+def _state(mesh, model_cfg, params, tx, seed: int):
+    """TrainState born sharded on `mesh`: params loaded (then moved) or initialised there."""
+    if params is None:
+        return init_train_state(lambda: init_params(model_cfg, seed), tx, mesh=mesh,
+                                seed_or_key=seed)
+    return init_train_state(lambda p: p, tx, params, mesh=mesh, seed_or_key=seed)
 
 
 class Run:
@@ -98,34 +106,40 @@ class Run:
         self.eval_rows = [self.test_src[i] for i in range(min(cfg.eval_prompts,
                                                               len(self.test_src)))]
 
-        self.hp, tx, lr_fn = optimizer_for(cfg, cfg.base_lr)
-        self.states = (shard_train_state(self.mesh, create_train_state(params, tx, cfg.seed)),)
-        loss_cfg = LossConfig(clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                              dual_clip=cfg.dual_clip or None, agg=cfg.agg,
-                              temperature=cfg.temperature, kl_coef=cfg.kl_coef,
-                              kl_kind=cfg.kl_kind, entropy_coef=cfg.entropy_coef,
-                              vf_clip=cfg.vf_clip or None, gamma=cfg.gamma, lam=cfg.lam)
-        common = dict(cfg=self.model_cfg, loss_cfg=loss_cfg, micro_batches=cfg.micro_batches)
+        _, tx, lr_fn = optimizer_for(cfg, cfg.optim.base_lr)
+        self.states = (_state(self.mesh, self.model_cfg, params, tx, cfg.seed),)
+        common = dict(cfg=self.model_cfg, loss_cfg=cfg.loss,
+                      micro_batches=cfg.micro_batches)
         if cfg.algo == "grpo":
             self.step_fn = make_train_step(grpo_step, self.states, mesh=self.mesh, tx=tx,
                                            lr_fn=lr_fn, group_size=cfg.group_size, **common)
         else:
-            _, ctx, clr_fn = optimizer_for(cfg, cfg.critic_base_lr)
-            critic = init_critic_from_actor(params, jax.random.PRNGKey(cfg.seed + 1))
-            self.states += (shard_train_state(self.mesh, create_train_state(critic, ctx,
-                                                                            cfg.seed + 1)),)
+            _, ctx, clr_fn = optimizer_for(cfg, cfg.optim.critic_base_lr)
+            critic = init_critic_from_actor(self.params, jax.random.PRNGKey(cfg.seed + 1))
+            self.states += (_state(self.mesh, self.model_cfg, critic, ctx, cfg.seed + 1),)
             self.step_fn = make_train_step(ppo_step, self.states, mesh=self.mesh, actor_tx=tx,
                                            critic_tx=ctx, actor_lr_fn=lr_fn,
                                            critic_lr_fn=clr_fn, **common)
+        # KL to a frozen reference: the initial policy (rebuilt the same way on resume).
+        self.ref_params = self.score_ref = None
+        if cfg.loss.kl_coef:
+            self.ref_params = jax.tree.map(jnp.copy, self.params)
+            rows = shd.batch_sharding(self.mesh)
+            self.score_ref = jax.jit(
+                functools.partial(score_tokens, self.model_cfg,
+                                  temperature=cfg.sampling.temperature,
+                                  micro_batches=cfg.micro_batches),
+                in_shardings=(state_shardings(self.mesh, self.ref_params), rows, rows),
+                out_shardings=rows)
 
     def _dummy_batch(self):
         cfg = self.cfg
         B, T = cfg.batch_train, self.prompt_len + cfg.max_new_tokens
-        z = dict(tokens_BT=np.zeros((B, T), np.int32), valid_BT=np.ones((B, T), bool),
-                 loss_mask_BT=np.ones((B, T), bool), old_logp_BT=np.zeros((B, T), np.float32))
-        if cfg.algo == "grpo":
-            return GRPOBatch(advantages=np.zeros((B,), np.float32), **z)
-        return PPOBatch(rewards_B=np.zeros((B,), np.float32), **z)
+        zeros_BT = np.zeros((B, T), np.float32)
+        return RolloutBatch(tokens_BT=np.zeros((B, T), np.int32), valid_BT=np.ones((B, T), bool),
+                            loss_mask_BT=np.ones((B, T), bool), old_logp_BT=zeros_BT,
+                            rewards_B=np.zeros((B,), np.float32),
+                            ref_logp_BT=zeros_BT if cfg.loss.kl_coef else None)
 
     def compile(self) -> float:
         """Compile the update (AOT, fixed shapes) and the rollout; returns seconds spent.
@@ -143,9 +157,10 @@ class Run:
 
         self.step_fn = run_compiled
         warm = [{"prompt": self.train_src[0]["prompt"]}] * self.cfg.prompts_per_step
-        self.sample(warm, self.cfg.group_size, 0, self.cfg.temperature, score=False)
-        if self.cfg.algo == "grpo":
-            self.advantages(np.zeros((self.cfg.batch_train,), np.float32))
+        self.sample(warm, self.cfg.group_size, 0, self.cfg.sampling.temperature, score=False)
+        if self.score_ref is not None:
+            dummy = self._dummy_batch()
+            self.score_ref(self.ref_params, dummy.tokens_BT, dummy.valid_BT)
         return time.perf_counter() - t0
 
     @property
@@ -157,10 +172,11 @@ class Run:
     def sample(self, examples, group: int, seed, temperature: float, score: bool = True):
         prompts = [self.tok.encode(e["prompt"]) for e in examples for _ in range(group)]
         t0 = time.perf_counter()
-        C = self.cfg.generate_chunk  # chunk c samples with fold_in(seed, c); one chunk: seed
+        C, sc = self.cfg.generate_chunk, self.cfg.sampling
+        # chunk c samples with fold_in(seed, c); a single chunk with the seed itself
         chunks = [generate(self.model_cfg, self.params, prompts[i:i + C],
                            max_new_tokens=self.cfg.max_new_tokens, temperature=temperature,
-                           top_k=self.cfg.top_k, top_p=self.cfg.top_p, eos_id=self.tok.eos_id,
+                           top_k=sc.top_k, top_p=sc.top_p, eos_id=self.tok.eos_id,
                            pad_id=self.tok.pad_id, mesh=self.mesh,
                            seed=seed if len(prompts) <= C else
                            jax.random.fold_in(_as_key(seed), i // C))
@@ -174,64 +190,47 @@ class Run:
         rewards = self.reward_fn.score_batch(texts, [e for e in examples for _ in range(group)])
         return prompts, tokens, logps, lengths, rewards
 
-    def advantages(self, rewards_B):
-        return np.asarray(_group_advantages(jnp.asarray(rewards_B), self.cfg.group_size,
-                                            self.cfg.advantage))
-
     def train_step(self, step: int) -> dict[str, Any]:
-        cfg, G = self.cfg, self.cfg.group_size
+        """rollout -> batch -> (reference scores) -> update; the step's training record."""
+        cfg = self.cfg
         t0 = time.perf_counter()
         examples = self.stream.next_batch()
         gen_seed = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), step)
-        prompts, tokens_BM, logp_BM, len_B, rewards_B = self.sample(examples, G, gen_seed,
-                                                                    cfg.temperature)
+        prompts, tokens_BM, logp_BM, len_B, rewards_B = self.sample(
+            examples, cfg.group_size, gen_seed, cfg.sampling.temperature)
         gen_s = time.perf_counter() - t0
 
         t1 = time.perf_counter()
-        packed = pack_sequences(prompts, tokens_BM, len_B, prompt_len=self.prompt_len,
-                                pad_id=self.tok.pad_id)
-        old_logp_BT = np.zeros(packed["tokens_BT"].shape, np.float32)
-        old_logp_BT[:, self.prompt_len:] = np.where(packed["response_BT"][:, self.prompt_len:],
-                                                       logp_BM, 0.0)
-        groups_PG = rewards_B.reshape(-1, G)
-        zero_var_P = groups_PG.max(1) == groups_PG.min(1)
-        keep_B = np.repeat(~zero_var_P, G) if (cfg.filter_zero_variance and G > 1) else \
-            np.ones_like(rewards_B, bool)
-        loss_mask_BT = packed["response_BT"] & keep_B[:, None]
-        retained = int(keep_B.sum())
+        batch, accounting = rollout_batch(prompts, tokens_BM, logp_BM, len_B, rewards_B,
+                                          prompt_len=self.prompt_len, pad_id=self.tok.pad_id,
+                                          group_size=cfg.group_size,
+                                          filter_zero_variance=cfg.filter_zero_variance)
         rec: dict[str, Any] = {}
-        if retained:  # an all-filtered batch makes no update (Adam would still move params)
-            if cfg.algo == "grpo":
-                adv_B = self.advantages(rewards_B)
-                batch = GRPOBatch(tokens_BT=packed["tokens_BT"], valid_BT=packed["valid_BT"],
-                                  loss_mask_BT=loss_mask_BT, old_logp_BT=old_logp_BT,
-                                  advantages=adv_B.astype(np.float32))
-            else:
-                batch = PPOBatch(tokens_BT=packed["tokens_BT"], valid_BT=packed["valid_BT"],
-                                 loss_mask_BT=loss_mask_BT, old_logp_BT=old_logp_BT,
-                                 rewards_B=rewards_B.astype(np.float32))
+        if accounting["retained"]:  # an all-filtered batch makes no update (Adam would move)
             t2 = time.perf_counter()
+            if self.score_ref is not None:
+                batch = batch.replace(ref_logp_BT=self.score_ref(
+                    self.ref_params, batch.tokens_BT, batch.valid_BT))
             *states, metrics = self.step_fn(*self.states, batch)
             self.states = tuple(states)
             metrics = jax.device_get(metrics)
-            rec["update_s"] = time.perf_counter() - t2  # the jitted update, transfers included
-            rec.update(_scalar_metrics(metrics, cfg.batch_train // cfg.micro_batches,
-                                       cfg.max_grad_norm))
-        train_s = time.perf_counter() - t1
+            rec["update_s"] = time.perf_counter() - t2  # reference + update, transfers included
+            rec.update(step_metrics(metrics, cfg.batch_train // cfg.micro_batches,
+                                    cfg.optim.max_grad_norm))
         rec.update(
             reward_mean=float(rewards_B.mean()), accuracy=float((rewards_B > 0).mean()),
-            response_len=float(len_B.mean()), retained=retained,
-            generated=len(rewards_B), zero_var_groups=int(zero_var_P.sum()),
-            gen_s=gen_s, decode_s=self.last_decode_s, train_s=train_s,
-            batch_train=cfg.batch_train,
-            batch_gen=cfg.batch_train, reward_failures=int(self.reward_fn.failures))
+            response_len=float(len_B.mean()), **accounting,
+            gen_s=gen_s, decode_s=self.last_decode_s, train_s=time.perf_counter() - t1,
+            batch_train=cfg.batch_train, batch_gen=cfg.batch_train,
+            reward_failures=int(self.reward_fn.failures))
         return rec
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Held-out accuracy: mean over eval_samples samples per prompt, plus greedy."""
         cfg = self.cfg
         seed = jax.random.fold_in(jax.random.PRNGKey(cfg.seed + 7919), step)
-        *_, r_sampled = self.sample(self.eval_rows, cfg.eval_samples, seed, cfg.temperature)
+        *_, r_sampled = self.sample(self.eval_rows, cfg.eval_samples, seed,
+                                     cfg.sampling.temperature)
         *_, r_greedy = self.sample(self.eval_rows, 1, seed, 0.0)
         ok_PK = (r_sampled > 0).reshape(len(self.eval_rows), cfg.eval_samples)
         return {"score": float(ok_PK.mean()), "eval_n": int(ok_PK.size),
@@ -258,30 +257,18 @@ def eval_se(ok_PK: np.ndarray) -> float | None:
     return float(np.sqrt(var_P.sum() / K) / P)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _group_advantages(rewards_N, group_size, estimator):
-    return losses.group_advantages(rewards_N, group_size, estimator=estimator)
-
-
-def _scalar_metrics(m: dict, micro_batch_size: int, max_grad_norm: float) -> dict[str, Any]:
-    """Step metrics as JSON under the names of docs/API.md ("Gradient-norm fields"): GRPO's
-    policy is the actor, so its grad_* metrics become actor_grad_*; micro-batch norms a list."""
-    out = {}
+def step_metrics(m: dict, micro_batch_size: int, max_grad_norm: float) -> dict[str, Any]:
+    """The update's metrics as JSON, under the step's own names (README, "Metrics"): scalars
+    as floats, micro-batch norms as lists; adds micro_batch_size and whether clipping acted."""
+    out: dict[str, Any] = {}
     for k, v in m.items():
-        if k == "grads":
+        if k.endswith("grads"):
             continue
         a = np.asarray(v)
-        if k.startswith("grad_"):       # GRPO: the policy is the actor
-            k = "actor_" + k
-        if k.endswith("grad_sqnorm_micro"):
-            out[k] = a.reshape(-1).tolist()
-        elif a.ndim == 0:
-            out[k] = float(a)
+        out[k] = a.reshape(-1).tolist() if a.ndim else float(a)
     out["micro_batch_size"] = micro_batch_size
-    if max_grad_norm and "actor_grad_norm" in out:
+    if max_grad_norm:
         out["clipped"] = bool(out["actor_grad_norm"] > max_grad_norm)
-    if "actor_lr" in out:
-        out["lr"] = out["actor_lr"]
     return out
 
 
@@ -302,7 +289,8 @@ def initial_eval(run: "Run", cache_dir: str | None = None) -> dict[str, Any]:
     """
     if not cache_dir:
         return run.evaluate(0)
-    key = {k: getattr(run.cfg, k) for k in _EVAL0_FIELDS}
+    flat = run.cfg.flat()
+    key = {k: flat[k] for k in _EVAL0_FIELDS}
     for k in ("hf_checkpoint", "init_checkpoint"):
         if key[k]:
             key[k + "_mtime"] = os.path.getmtime(os.path.expanduser(key[k]))

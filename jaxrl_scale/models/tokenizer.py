@@ -48,14 +48,24 @@ class Tokenizer(abc.ABC):
 
 
 def decode_response(tokenizer: Tokenizer, ids: Iterable[int]) -> str:
-    """Text of a generated response: everything before the first EOS, pads dropped."""
-    out = []
+    """Text of a generated response: everything before the first EOS, pads dropped.
+
+    Models often have more logits than the tokenizer has ids (padded vocabularies); a sampled
+    id the tokenizer cannot decode becomes U+FFFD, so it can never match an answer.
+    """
+    pieces, run = [], []
     for i in ids:
         i = int(i)
         if i == tokenizer.eos_id:
             break
-        out.append(i)
-    return tokenizer.decode(out)
+        if i == tokenizer.pad_id:
+            continue
+        if i < tokenizer.vocab_size:
+            run.append(i)
+        else:
+            pieces += [tokenizer.decode(run), "\ufffd"]
+            run = []
+    return "".join(pieces) + tokenizer.decode(run)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
-"""RL core: advantages and losses (`rl.losses`), train state (`rl.state`), the critic's value
-head (`rl.value`) and the sharded, micro-batched GRPO / PPO update steps (`rl.steps`)."""
+"""RL core: advantages and losses (`rl.losses`), the rollout batch (`rl.batch`), train state
+(`rl.state`), the critic's value head (`rl.value`) and the sharded, micro-batched GRPO / PPO
+update steps (`rl.steps`)."""
+from jaxrl_scale.rl.batch import RolloutBatch, pack_sequences, rollout_batch  # noqa: F401
 from jaxrl_scale.rl.losses import *  # noqa: F401,F403
 from jaxrl_scale.rl.state import (  # noqa: F401
     TrainState,
@@ -9,16 +11,12 @@ from jaxrl_scale.rl.state import (  # noqa: F401
     state_shardings,
 )
 from jaxrl_scale.rl.steps import (  # noqa: F401
-    GRPOBatch,
     LossConfig,
-    PPOBatch,
     final_token_rewards,
-    grpo_grads,
     grpo_step,
     make_train_step,
     ppo_advantages,
     ppo_step,
-    rollout_arrays,
     score_tokens,
     token_weights,
 )
@@ -34,8 +32,8 @@ __all__ = [
     "value_loss", "entropy_from_logits", "token_logprobs",
     "TrainState", "create_train_state", "init_train_state", "shard_train_state",
     "state_shardings",
-    "LossConfig", "GRPOBatch", "PPOBatch", "rollout_arrays", "token_weights",
-    "grpo_grads", "grpo_step", "score_tokens", "final_token_rewards", "ppo_advantages",
-    "ppo_step", "make_train_step",
+    "RolloutBatch", "pack_sequences", "rollout_batch",
+    "LossConfig", "token_weights", "grpo_step", "score_tokens", "final_token_rewards",
+    "ppo_advantages", "ppo_step", "make_train_step",
     "critic_values", "init_critic_from_actor", "init_value_head",
 ]

@@ -18,10 +18,11 @@ i*G .. i*G + G - 1) and micro-batch m holds whole groups m, m + M, m + 2M, ...: 
 never split (the noise-scale estimator must see between-prompt variance, section 5), and every
 micro-batch still spans all data-parallel shards.
 
-Gradient noise (section 5). `grad_sqnorm_micro` [M] holds |g_m|^2 where g_m is the gradient of
+Gradient noise (section 5). `actor_grad_sqnorm_micro` [M] holds |g_m|^2 where g_m is the gradient of
 the loss micro-batch m alone would give under the same aggregation (the "small batch" of the
-two-batch estimator, B_small = B / M); `grad_sqnorm` is |g|^2 of the whole batch (B_big = B) and
-`grad_norm` its square root, the pre-clip global norm.
+two-batch estimator, B_small = B / M); `actor_grad_sqnorm` is |g|^2 of the whole batch (B_big = B)
+and `actor_grad_norm` its square root, the pre-clip global norm (critic_* the same for PPO's
+critic). These are the names of docs/API.md: the loop logs the step's metrics unrenamed.
 """
 from __future__ import annotations
 
@@ -29,7 +30,6 @@ import dataclasses
 import functools
 from typing import Any, Callable, Optional
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
@@ -39,6 +39,7 @@ from jaxrl_scale import sharding as shd
 from jaxrl_scale.models.config import ModelConfig
 from jaxrl_scale.models.decoder import forward
 from jaxrl_scale.rl import losses
+from jaxrl_scale.rl.batch import RolloutBatch
 from jaxrl_scale.rl.state import TrainState, state_shardings
 from jaxrl_scale.rl.value import critic_values
 
@@ -53,16 +54,17 @@ sg = jax.lax.stop_gradient
 class LossConfig:
     """Static loss settings (hashable; part of the compiled graph)."""
 
+    advantage: str = "grpo"        # GRPO's group estimator (losses.group_advantages)
     clip_low: float = 0.2
     clip_high: float = 0.2
-    dual_clip: Optional[float] = None
+    dual_clip: float = 0.0         # 0 disables; else > 1 (e.g. 3)
     agg: str = "token-mean"
     temperature: float = 1.0       # the sampler's; tokens are scored under the same distribution
     kl_coef: float = 0.0           # KL to a frozen reference; needs batch.ref_logp_BT
     kl_kind: str = "k3"
     entropy_coef: float = 0.0      # entropy bonus: loss -= coef * aggregate(entropy)
     # PPO only
-    vf_clip: Optional[float] = 0.2
+    vf_clip: float = 0.2           # 0 disables
     gamma: float = 1.0
     lam: float = 0.95
     whiten_advantages: bool = True
@@ -70,47 +72,11 @@ class LossConfig:
     def __post_init__(self):
         if self.agg not in losses.AGG_MODES:
             raise ValueError(f"LossConfig.agg={self.agg!r}; valid modes: {losses.AGG_MODES}")
+        if self.advantage not in losses.ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"LossConfig.advantage={self.advantage!r}; valid: "
+                             f"{losses.ADVANTAGE_ESTIMATORS}")
         if self.kl_kind not in losses.KL_KINDS:
             raise ValueError(f"LossConfig.kl_kind={self.kl_kind!r}; valid: {losses.KL_KINDS}")
-
-
-@flax.struct.dataclass
-class GRPOBatch:
-    """One rollout batch for a policy-gradient update (fields aligned with tokens_BT)."""
-
-    tokens_BT: Array       # int32
-    valid_BT: Array        # bool: real tokens (prompt + response), False on padding
-    loss_mask_BT: Array    # response tokens only
-    old_logp_BT: Array     # behaviour log-probs from the sampler, 0 elsewhere
-    advantages: Array      # [B] (one per response, broadcast over its tokens) or [B, T]
-    ref_logp_BT: Optional[Array] = None
-
-
-@flax.struct.dataclass
-class PPOBatch:
-    """One rollout batch for PPO; the advantages come from the critic inside the step."""
-
-    tokens_BT: Array
-    valid_BT: Array
-    loss_mask_BT: Array
-    old_logp_BT: Array
-    rewards_B: Array       # outcome reward, credited to the final response token
-    ref_logp_BT: Optional[Array] = None
-
-
-def rollout_arrays(prompt_BP: Array, prompt_valid_BP: Array, response_BR: Array,
-                   response_logp_BR: Array, response_lengths_B: Array) -> dict[str, Array]:
-    """tokens_BT / valid_BT / loss_mask_BT / old_logp_BT from a left-padded prompt block and
-    `sampling.generate` output (tokens, logprobs, lengths), T = P + R."""
-    R = response_BR.shape[1]
-    resp_valid_BR = jnp.arange(R)[None, :] < response_lengths_B[:, None]
-    return dict(
-        tokens_BT=jnp.concatenate([prompt_BP, response_BR], axis=1).astype(jnp.int32),
-        valid_BT=jnp.concatenate([prompt_valid_BP.astype(bool), resp_valid_BR], axis=1),
-        loss_mask_BT=jnp.concatenate([jnp.zeros_like(prompt_valid_BP, bool), resp_valid_BR], 1),
-        old_logp_BT=jnp.concatenate(
-            [jnp.zeros(prompt_BP.shape, jnp.float32),
-             jnp.where(resp_valid_BR, response_logp_BR, 0.0).astype(jnp.float32)], axis=1))
 
 
 # ----------------------------------------------------------------------------- normalisers
@@ -271,17 +237,18 @@ def _actor_data(batch, advantages_BS: Array, loss_cfg: LossConfig) -> dict[str, 
     return data
 
 
-def _grpo_advantages_BS(batch: GRPOBatch) -> Array:
-    adv = _f32(batch.advantages)
+def _grpo_advantages_BS(batch: RolloutBatch, group_size: int, estimator: str) -> Array:
+    """Group-relative advantages of the outcome rewards, broadcast over each row's actions.
+
+    Computed from the whole batch before any micro-batch split (groups are never split)."""
+    adv_B = losses.group_advantages(_f32(batch.rewards_B), group_size, estimator=estimator)
     S = batch.tokens_BT.shape[1] - 1
-    if adv.ndim == 1:
-        return jnp.broadcast_to(adv[:, None], (adv.shape[0], S))
-    return _action_frame(adv)
+    return jnp.broadcast_to(adv_B[:, None], (adv_B.shape[0], S))
 
 
 def _actor_loss_fn(cfg: ModelConfig, loss_cfg: LossConfig, remat: bool, global_denom: Array):
     lc = loss_cfg
-    clip = dict(clip_low=lc.clip_low, clip_high=lc.clip_high, dual_clip=lc.dual_clip)
+    clip = dict(clip_low=lc.clip_low, clip_high=lc.clip_high, dual_clip=lc.dual_clip or None)
 
     def loss_fn(params, mb):
         logits_BTV = forward(cfg, params, mb["tokens_BT"], mb["valid_BT"], remat=remat)
@@ -337,15 +304,6 @@ def _policy_grads(params: Any, data: dict[str, Array], *, cfg: ModelConfig,
     return grads, _finish(additive, token_sums, jnp.sum(data["mask_BS"]), sq_M, grads)
 
 
-def grpo_grads(params: Any, batch: GRPOBatch, *, cfg: ModelConfig, loss_cfg: LossConfig,
-               micro_batches: int = 1, remat: bool = False, group_size: int = 1):
-    """(grads, metrics) of the GRPO loss on the whole batch, accumulated over micro-batches
-    of whole groups of `group_size` rows."""
-    data = _actor_data(batch, _grpo_advantages_BS(batch), loss_cfg)
-    return _policy_grads(params, data, cfg=cfg, loss_cfg=loss_cfg, micro_batches=micro_batches,
-                         remat=remat, group_size=group_size)
-
-
 def _policy_update(state, data, *, cfg, tx, loss_cfg, micro_batches, remat, lr_fn,
                    with_grads=False, group_size=1):
     grads, metrics = _policy_grads(state.params, data, cfg=cfg, loss_cfg=loss_cfg,
@@ -358,28 +316,46 @@ def _policy_update(state, data, *, cfg, tx, loss_cfg, micro_batches, remat, lr_f
     return state, metrics
 
 
-def grpo_step(state: TrainState, batch: GRPOBatch, *, cfg: ModelConfig,
-              tx: optax.GradientTransformation, loss_cfg: LossConfig = LossConfig(),
-              micro_batches: int = 1, num_minibatches: int = 1, epochs: int = 1,
-              remat: bool = False, lr_fn: Optional[Callable] = None, with_grads: bool = False,
-              group_size: int = 1):
-    """One GRPO (or other outcome-advantage) policy update: (state, batch) -> (state, metrics).
+# Metrics of one network's update that both algorithms log: named actor_* / critic_* in the
+# step itself (docs/API.md, "Gradient-norm fields"), except the actor's lr, which is "lr".
+_PER_NETWORK = ("grad_sqnorm_micro", "grad_sqnorm", "grad_norm", "lr", "nonfinite_count",
+                "loss", "grads", "tokens")
 
-    Micro-batches hold whole prompt groups of `group_size` consecutive rows.
-    Clipped surrogate (PPO clip with clip-higher and dual clip), optional KL to the frozen
-    reference whose log-probs are in batch.ref_logp_BT, optional entropy bonus, aggregated by
-    loss_cfg.agg over the whole batch. Default: one optimizer update for the whole batch
-    (num_minibatches = epochs = 1). `lr_fn(count)` (e.g. partial(optim.current_lr, hparams,
-    warmup_steps=...)) adds the lr used to the metrics; with_grads=True adds the pre-clip
-    float32 gradient pytree as metrics["grads"].
+
+def _named(metrics: dict, who: str) -> dict:
+    out = {}
+    for k, v in metrics.items():
+        if k in _PER_NETWORK:
+            k = "lr" if (who == "actor" and k == "lr") else f"{who}_{k}"
+            if who == "actor" and k == "actor_tokens":
+                k = "tokens"
+        out[k] = v
+    return out
+
+
+def grpo_step(state: TrainState, batch: RolloutBatch, *, cfg: ModelConfig,
+              tx: optax.GradientTransformation, group_size: int,
+              loss_cfg: LossConfig = LossConfig(), micro_batches: int = 1,
+              num_minibatches: int = 1, epochs: int = 1, remat: bool = False,
+              lr_fn: Optional[Callable] = None, with_grads: bool = False):
+    """One GRPO (or other group-advantage) policy update: (state, batch) -> (state, metrics).
+
+    Advantages come from batch.rewards_B by loss_cfg.advantage over groups of `group_size`
+    consecutive rows; micro-batches hold whole groups. Clipped surrogate (PPO clip with
+    clip-higher and dual clip), optional KL to the frozen reference whose log-probs are in
+    batch.ref_logp_BT, optional entropy bonus, aggregated by loss_cfg.agg over the whole
+    batch. Default: one optimizer update for the whole batch (num_minibatches = epochs = 1).
+    `lr_fn(count)` (e.g. partial(optim.current_lr, hparams, warmup_steps=...)) adds the lr
+    used to the metrics; with_grads=True adds the pre-clip float32 gradient pytree as
+    metrics["actor_grads"].
     """
-    data = _actor_data(batch, _grpo_advantages_BS(batch), loss_cfg)
+    adv_BS = _grpo_advantages_BS(batch, group_size, loss_cfg.advantage)
+    data = _actor_data(batch, adv_BS, loss_cfg)
     update = functools.partial(_policy_update, cfg=cfg, tx=tx, loss_cfg=loss_cfg,
                                micro_batches=micro_batches, remat=remat, lr_fn=lr_fn,
                                with_grads=with_grads, group_size=group_size)
     state, metrics = _multi_update(update, state, data, num_minibatches, epochs)
-    metrics["actor_grad_norm"] = metrics["grad_norm"]
-    return state, metrics
+    return state, _named(metrics, "actor")
 
 
 # ----------------------------------------------------------------------------- PPO
@@ -428,8 +404,8 @@ def _critic_loss_fn(cfg, loss_cfg, remat, global_denom):
         mask_BS, w_BS = mb["mask_BS"], mb["w_BS"]
         args = (mb["old_values_BS"], mb["returns_BS"])
         loss = _weighted_sum(losses.value_loss, v_BS, *args, weights_BS=w_BS,
-                             clip=loss_cfg.vf_clip)
-        _, vm = losses.value_loss(sg(v_BS), *args, mask_BS, clip=loss_cfg.vf_clip,
+                             clip=loss_cfg.vf_clip or None)
+        _, vm = losses.value_loss(sg(v_BS), *args, mask_BS, clip=loss_cfg.vf_clip or None,
                                   agg=loss_cfg.agg)
         n_tok = jnp.sum(mask_BS)
         _, local_denom = _norm_parts(mask_BS, loss_cfg.agg)
@@ -454,7 +430,7 @@ def _critic_update(state, data, *, cfg, tx, loss_cfg, micro_batches, remat, lr_f
     return state, metrics
 
 
-def ppo_advantages(cfg: ModelConfig, critic_params: Any, batch: PPOBatch, loss_cfg: LossConfig,
+def ppo_advantages(cfg: ModelConfig, critic_params: Any, batch: RolloutBatch, loss_cfg: LossConfig,
                    micro_batches: int = 1) -> dict[str, Array]:
     """Critic values of the rollout, GAE advantages (whitened, mask-aware) and returns [B, S]."""
     mask_BS = _f32(_action_frame(batch.loss_mask_BT))
@@ -469,7 +445,7 @@ def ppo_advantages(cfg: ModelConfig, critic_params: Any, batch: PPOBatch, loss_c
                 mask_BS=mask_BS)
 
 
-def ppo_step(actor_state: TrainState, critic_state: TrainState, batch: PPOBatch, *,
+def ppo_step(actor_state: TrainState, critic_state: TrainState, batch: RolloutBatch, *,
              cfg: ModelConfig, actor_tx: optax.GradientTransformation,
              critic_tx: optax.GradientTransformation, loss_cfg: LossConfig = LossConfig(),
              micro_batches: int = 1, num_minibatches: int = 1, epochs: int = 1,
@@ -481,7 +457,7 @@ def ppo_step(actor_state: TrainState, critic_state: TrainState, batch: PPOBatch,
     (Schulman et al. 2016) on the outcome reward at the final response token gives advantages
     (whitened over the batch) and returns. The actor takes the clipped-surrogate update of
     `grpo_step`; the critic minimises the clipped value loss. Separate params and optimizers
-    (so separate lr rules); metrics are prefixed actor_ / critic_ where they clash.
+    (so separate lr rules); per-network metrics are named actor_* / critic_* (the actor's lr: lr).
     Returns (actor_state, critic_state, metrics).
     """
     gae_out = ppo_advantages(cfg, critic_state.params, batch, loss_cfg, micro_batches)
@@ -498,11 +474,7 @@ def ppo_step(actor_state: TrainState, critic_state: TrainState, batch: PPOBatch,
                                     epochs)
     critic_state, cm = _multi_update(critic_update, critic_state, critic_data,
                                      num_minibatches, epochs)
-    shared = ("grad_sqnorm_micro", "grad_sqnorm", "grad_norm", "lr", "nonfinite_count", "loss",
-              "grads")
-    metrics = {("actor_" + k if k in shared else k): v for k, v in am.items()}
-    metrics.update({("critic_" + k if k in shared or k == "tokens" else k): v
-                    for k, v in cm.items()})
+    metrics = {**_named(am, "actor"), **_named(cm, "critic")}
     mask_BS = gae_out["mask_BS"]
     metrics["value_mean"] = jnp.sum(gae_out["values_BS"] * mask_BS) / jnp.maximum(
         jnp.sum(mask_BS), 1.0)
@@ -555,7 +527,7 @@ def make_train_step(step_fn: Callable, states: TrainState | tuple[TrainState, ..
 
 
 __all__ = [
-    "LossConfig", "GRPOBatch", "PPOBatch", "rollout_arrays", "token_weights", "accumulate_grads",
-    "apply_grads", "grpo_grads", "grpo_step", "score_tokens",
+    "LossConfig", "RolloutBatch", "token_weights", "accumulate_grads",
+    "apply_grads", "grpo_step", "score_tokens",
     "final_token_rewards", "ppo_advantages", "ppo_step", "make_train_step",
 ]

@@ -21,7 +21,6 @@ import numpy as np
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
 
-LR_RULES = ("sqrt", "fixed", "linear", "malladi")
 _SEED_RE = re.compile(r"[_\-.](?:s|seed)(\d+)$")
 
 
@@ -100,8 +99,9 @@ def seed_from_name(name: str) -> int | None:
 
 
 def lr_rule_from_name(name: str) -> str | None:
+    from jaxrl_scale.optim import ADAM_RULES   # here: the rest of scaling needs only numpy
     parts = re.split(r"[_\-.]", name.lower())
-    for rule in LR_RULES:
+    for rule in ADAM_RULES:
         if rule in parts:
             return rule
     return None

@@ -79,18 +79,12 @@ class NoiseScaleEMA:
         return b_simple(self.g2, self.trace_sigma) if self.count else None
 
 
-# Field names of training records (docs/API.md, "Gradient-norm fields"); the second pair
-# is what logs written before that contract carry.
-SQNORM_FIELDS = {"actor": (("actor_grad_sqnorm_micro", "actor_grad_sqnorm"),
-                           ("micro_sq_norms", "full_sq_norm")),
-                 "critic": (("critic_grad_sqnorm_micro", "critic_grad_sqnorm"),)}
-
-
 def _sqnorms(r: dict, who: str):
-    for micro_key, full_key in SQNORM_FIELDS[who]:
-        micro, full = r.get(micro_key), r.get(full_key)
-        if isinstance(micro, (list, tuple)) and isinstance(full, (int, float)):
-            return micro, full
+    """This record's (micro-batch, full-batch) squared norms under the names of docs/API.md
+    ("Gradient-norm fields"), or (None, None)."""
+    micro, full = r.get(f"{who}_grad_sqnorm_micro"), r.get(f"{who}_grad_sqnorm")
+    if isinstance(micro, (list, tuple)) and isinstance(full, (int, float)):
+        return micro, full
     return None, None
 
 
