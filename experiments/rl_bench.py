@@ -38,6 +38,8 @@ flags.DEFINE_integer("max_new_tokens", 6, "Response length cap (tokens).")
 flags.DEFINE_integer("steps", 12, "GRPO steps per round.")
 flags.DEFINE_integer("discard", 2, "Leading steps of each round left out of the medians.")
 flags.DEFINE_integer("rounds", 4, "Rounds per framework and P (alternating).")
+flags.DEFINE_integer("micro_batches", 1, "Micro-batches per update, both frameworks (TRL: "
+                     "per_device_train_batch_size = P*G/M, gradient_accumulation_steps = M).")
 flags.DEFINE_string("model", "rl_cpu", "Model preset (random init, exported as an HF checkpoint).")
 flags.DEFINE_string("task", "arithmetic", "Built-in task the prompts and rewards come from.")
 flags.DEFINE_float("lr", 1e-5, "Adam learning rate (both frameworks).")
@@ -90,7 +92,8 @@ def _jax_round(model_dir: str, P: int) -> list[dict]:
                            task_kwargs=_task_kwargs(), data_dir=FLAGS.data_dir,
                            prompts_per_step=P, group_size=FLAGS.group,
                            max_new_tokens=FLAGS.max_new_tokens, base_lr=FLAGS.lr,
-                           lr_rule="fixed", base_batch=P * FLAGS.group, micro_batches=1,
+                           lr_rule="fixed", base_batch=P * FLAGS.group,
+                           micro_batches=FLAGS.micro_batches,
                            max_grad_norm=0.0, kl_coef=0.0, seed=FLAGS.seed, eval_prompts=1)
     run = Run(cfg)
     run.compile()
@@ -166,7 +169,8 @@ def _trl_round_main(spec_path: str) -> None:
             timings["step"].append(time.perf_counter() - self.t0)
 
     args = GRPOConfig(
-        output_dir=spec["out_dir"], per_device_train_batch_size=P * G, num_generations=G,
+        output_dir=spec["out_dir"], per_device_train_batch_size=P * G // spec["micro_batches"],
+        gradient_accumulation_steps=spec["micro_batches"], num_generations=G,
         max_completion_length=spec["max_new_tokens"], learning_rate=spec["lr"], beta=0.0,
         num_iterations=1, max_steps=spec["steps"], shuffle_dataset=False, temperature=1.0,
         top_p=1.0, top_k=0, use_cpu=True, report_to="none", save_strategy="no",
@@ -186,7 +190,8 @@ def _trl_round_main(spec_path: str) -> None:
 
 
 def _trl_round(work: str, model_dir: str, examples: list, P: int) -> list[dict]:
-    spec = dict(P=P, G=FLAGS.group, steps=FLAGS.steps, max_new_tokens=FLAGS.max_new_tokens,
+    spec = dict(P=P, G=FLAGS.group, micro_batches=FLAGS.micro_batches, steps=FLAGS.steps,
+                max_new_tokens=FLAGS.max_new_tokens,
                 lr=FLAGS.lr, seed=FLAGS.seed, task=FLAGS.task, model_dir=model_dir,
                 examples=examples, out_dir=os.path.join(work, "trl_out"))
     path = os.path.join(work, f"trl_spec_P{P}.json")
@@ -218,6 +223,10 @@ def _check_flags(Ps: list[int]) -> None:
         raise app.UsageError(f"--discard={FLAGS.discard} must be below --steps={FLAGS.steps}")
     if FLAGS.rounds < 1 or any(p < 1 for p in Ps) or FLAGS.group < 1:
         raise app.UsageError("--rounds, --prompts and --group must be positive")
+    if FLAGS.micro_batches < 1 or any(P % FLAGS.micro_batches for P in Ps):
+        raise app.UsageError(f"--micro_batches={FLAGS.micro_batches} must divide every P in "
+                             f"--prompts={','.join(map(str, Ps))} (micro-batches hold whole "
+                             "groups)")
     if FLAGS.compare_trl:
         probe = subprocess.run([FLAGS.trl_python, "-c", "import trl, torch, transformers"],
                                capture_output=True, text=True)
@@ -250,6 +259,7 @@ def main(argv):
             results.append(dict(P=P, G=FLAGS.group, rounds=rounds))
     _print_table(results)
     out = dict(results=results, model=FLAGS.model, task=FLAGS.task, group=FLAGS.group,
+               micro_batches=FLAGS.micro_batches,
                max_new_tokens=FLAGS.max_new_tokens, steps=FLAGS.steps, discard=FLAGS.discard,
                backend=jax.default_backend(), cpu_count=os.cpu_count(),
                machine=platform.machine(), command=" ".join(sys.argv))
