@@ -126,3 +126,23 @@ def test_cli_flags_override_the_study():
     assert got["target"] == 0.3 and got["seeds"] == [0]
     bad = _cli("--pairs=16y4")
     assert bad.returncode != 0 and "--pairs=16y4" in bad.stderr and "32x4" in bad.stderr
+
+
+def test_cli_flat_flags_set_nested_fields():
+    """sweep_batch.py's TrainConfig flags are flat names of the nested fields."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import sys, json; sys.path.insert(0, 'experiments'); import sweep_batch as m, "
+            "flagdefs; m.FLAGS(['sweep_batch.py', *sys.argv[1:]]); "
+            "from jaxrl_scale.experiment.config import TrainConfig; "
+            "print(json.dumps(flagdefs.build_from_flags(TrainConfig, skip=m._PER_RUN)"
+            ".to_json()))")
+    res = subprocess.run([sys.executable, "-c", code, "--clip_high=0.3", "--temperature=0.8",
+                          "--warmup_steps=5"], capture_output=True, text=True, cwd=root,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["loss"]["clip_high"] == 0.3 and got["optim"]["warmup_steps"] == 5
+    assert got["sampling"]["temperature"] == got["loss"]["temperature"] == 0.8
+    assert got["optim"]["max_grad_norm"] == 10.0 and got["eval_samples"] == 16   # STUDY_BASE

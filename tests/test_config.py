@@ -1,0 +1,56 @@
+"""TrainConfig: nested loss / sampling / optim configs, their flat names, JSON round trip."""
+import dataclasses
+
+import pytest
+
+from jaxrl_scale.experiment.config import OptimConfig, TrainConfig, validate
+from jaxrl_scale.rl.steps import LossConfig
+from jaxrl_scale.sampling.rules import SamplingConfig
+
+
+def test_flat_names_route_to_their_sub_config():
+    cfg = TrainConfig.make(clip_high=0.3, base_lr=1e-3, top_k=5, prompts_per_step=4)
+    assert cfg.loss.clip_high == 0.3 and cfg.optim.base_lr == 1e-3
+    assert cfg.sampling.top_k == 5 and cfg.prompts_per_step == 4
+    assert cfg.loss.clip_low == LossConfig().clip_low          # untouched fields keep defaults
+    again = cfg.replace(lr_rule="fixed", base_lr=2e-3)
+    assert again.optim == dataclasses.replace(cfg.optim, lr_rule="fixed", base_lr=2e-3)
+    assert again.loss == cfg.loss and cfg.optim.lr_rule == "sqrt"   # frozen: cfg unchanged
+    with pytest.raises(ValueError, match="no field 'clip_hgh'"):
+        TrainConfig.make(clip_hgh=0.3)
+
+
+def test_every_leaf_has_one_flat_name():
+    flat = TrainConfig().flat()
+    leaves = {f.name for c in (LossConfig, SamplingConfig, OptimConfig)
+              for f in dataclasses.fields(c)} - {"temperature"}
+    tops = {f.name for f in dataclasses.fields(TrainConfig)} - {"loss", "sampling", "optim"}
+    assert set(flat) == leaves | tops | {"temperature"}
+    assert len(flat) == len(leaves) + len(tops) + 1
+
+
+def test_loss_temperature_is_the_samplers():
+    cfg = TrainConfig.make(temperature=0.7)
+    assert cfg.loss.temperature == cfg.sampling.temperature == 0.7
+    assert TrainConfig(sampling=SamplingConfig(temperature=0.5)).loss.temperature == 0.5
+
+
+def test_json_round_trip_and_flat_json():
+    cfg = TrainConfig.make(clip_high=0.3, kl_coef=0.05, temperature=0.9, seed=3)
+    d = cfg.to_json()
+    assert d["loss"]["kl_coef"] == 0.05 and d["optim"]["base_lr"] == cfg.optim.base_lr
+    assert d["batch_train"] == cfg.batch_train
+    assert TrainConfig.from_json(d) == cfg
+    assert TrainConfig.from_json({"clip_high": 0.3, "kl_coef": 0.05, "temperature": 0.9,
+                                  "seed": 3, "unknown": 1}) == cfg
+
+
+def test_errors_name_the_nested_field():
+    with pytest.raises(ValueError, match=r"TrainConfig\.optim\.base_lr.*--base_lr"):
+        validate(TrainConfig.make(base_lr=0.0))
+    with pytest.raises(ValueError, match=r"TrainConfig\.loss\.dual_clip"):
+        validate(TrainConfig.make(dual_clip=0.5))
+    with pytest.raises(ValueError, match="kl_kind"):
+        TrainConfig.make(kl_kind="k9")
+    with pytest.raises(ValueError, match="top_p"):
+        TrainConfig.make(top_p=0.0)
