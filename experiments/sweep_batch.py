@@ -74,7 +74,10 @@ def sweep_from_flags() -> SweepConfig:
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)   # orbax logs every checkpoint at INFO
-    base = flagdefs.build_from_flags(TrainConfig, skip=_PER_RUN)
+    try:
+        base = flagdefs.build_from_flags(TrainConfig, skip=_PER_RUN)
+    except ValueError as e:                  # a bad flag value: one line, not a traceback
+        raise SystemExit(f"error: {e}") from None
     sweep = sweep_from_flags()
     if FLAGS.warmstart and not (base.init_checkpoint or base.hf_checkpoint):
         path, info = sft_warmstart(sft_config_for(base, FLAGS.warmstart_accuracy))

@@ -7,10 +7,10 @@
 With the built-in character model and no --init_checkpoint, --warmstart (default on) first
 trains or reuses the cached SFT warm-start (experiments/sft_warmstart.py) on the same task.
 """
-from absl import app, flags
+from absl import app, flags, logging
 
 import flagdefs
-from jaxrl_scale.experiment.config import TrainConfig
+from jaxrl_scale.experiment.config import TrainConfig, validate
 from jaxrl_scale.experiment.sft import SFTConfig, sft_config_for, sft_warmstart
 from jaxrl_scale.experiment.train import run_training
 
@@ -23,7 +23,12 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    cfg = flagdefs.build_from_flags(TrainConfig)
+    logging.set_verbosity(logging.WARNING)   # orbax logs every checkpoint at INFO
+    try:
+        cfg = flagdefs.build_from_flags(TrainConfig)
+        validate(cfg)                        # the cheap checks, before any data or model
+    except ValueError as e:                  # a bad flag value: one line, not a traceback
+        raise SystemExit(f"error: {e}") from None
     if FLAGS.warmstart and not (cfg.init_checkpoint or cfg.hf_checkpoint):
         path, info = sft_warmstart(sft_config_for(cfg, FLAGS.warmstart_accuracy))
         print(f"warm-start: {path} (greedy held-out accuracy {info['accuracy']:.3f})")

@@ -298,3 +298,19 @@ def test_kl_to_the_frozen_reference(tmp_path, data_dir):
     assert kl[-1] > 1e-4 and kl[-1] > kl[1], kl
     with pytest.raises(ValueError, match="kl_kind"):
         validate(tiny_cfg(tmp_path, data_dir, kl_coef=0.05, kl_kind="k9"))
+
+
+@pytest.mark.parametrize("flag, field", [("--kl_kind=k9", "kl_kind"),
+                                         ("--base_lr=0", "optim.base_lr"),
+                                         ("--agg=mean", "agg")])
+def test_train_script_bad_flag_is_one_line(tmp_path, flag, field):
+    """experiments/train.py: a bad value ends with one line naming the field (no traceback),
+    before any data, model or run directory is made."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run_dir = tmp_path / "run"
+    res = subprocess.run([sys.executable, "experiments/train.py", flag, f"--run_dir={run_dir}"],
+                         capture_output=True, text=True, cwd=root, timeout=120)
+    assert res.returncode == 1
+    lines = [l for l in res.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and field in lines[0] and "Traceback" not in res.stderr, res.stderr
+    assert not run_dir.exists()
