@@ -48,13 +48,14 @@ def is_finished(run_dir: str) -> bool:
 
 
 def optimizer_for(cfg: TrainConfig, base_lr: float):
-    """Adam whose hyper-parameters follow optim.lr_rule in responses per update (P*G)."""
+    """(tx, lr_fn): Adam whose hyper-parameters follow optim.lr_rule in responses per update
+    (P*G), and the lr it uses at a given update count."""
     o = cfg.optim
     base = optim.AdamHParams(lr=base_lr, b1=o.b1, b2=o.b2, eps=o.eps)
     hp = optim.scaled_adam_hparams(base, cfg.batch_train, o.base_batch, o.lr_rule)
     tx = optim.make_optimizer(hp, warmup_steps=o.warmup_steps,
                               max_grad_norm=o.max_grad_norm or None)
-    return hp, tx, functools.partial(optim.current_lr, hp, warmup_steps=o.warmup_steps)
+    return tx, functools.partial(optim.current_lr, hp, warmup_steps=o.warmup_steps)
 
 
 def _model(cfg: TrainConfig, tok):
@@ -106,7 +107,7 @@ class Run:
         self.eval_rows = [self.test_src[i] for i in range(min(cfg.eval_prompts,
                                                               len(self.test_src)))]
 
-        _, tx, lr_fn = optimizer_for(cfg, cfg.optim.base_lr)
+        tx, lr_fn = optimizer_for(cfg, cfg.optim.base_lr)
         self.states = (_state(self.mesh, self.model_cfg, params, tx, cfg.seed),)
         common = dict(cfg=self.model_cfg, loss_cfg=cfg.loss,
                       micro_batches=cfg.micro_batches)
@@ -114,7 +115,7 @@ class Run:
             self.step_fn = make_train_step(grpo_step, self.states, mesh=self.mesh, tx=tx,
                                            lr_fn=lr_fn, group_size=cfg.group_size, **common)
         else:
-            _, ctx, clr_fn = optimizer_for(cfg, cfg.optim.critic_base_lr)
+            ctx, clr_fn = optimizer_for(cfg, cfg.optim.critic_base_lr)
             critic = init_critic_from_actor(self.params, jax.random.PRNGKey(cfg.seed + 1))
             self.states += (_state(self.mesh, self.model_cfg, critic, ctx, cfg.seed + 1),)
             self.step_fn = make_train_step(ppo_step, self.states, mesh=self.mesh, actor_tx=tx,
