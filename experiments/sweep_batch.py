@@ -14,6 +14,9 @@ pair and a PPO sweep, reusing the default's runs when given the same --sweep_dir
     python experiments/sweep_batch.py --prompts=8,16,32 --group_sizes=4,8 --seeds=0,1 \
         --base_prompts=8 --fixed_prompts= --pairs= --tune_lrs= --sweep_dir=runs/mine --target=0.6
 
+--gen_batch_ratios=1,2 runs every config also with asynchronous partial rollout (B_gen = 2 x
+B_train; runs named ..._k2_s<seed>) and adds the partial-vs-synchronous comparison to the report.
+
 Every TrainConfig field is also a flag (e.g. --task, --model, --base_lr, --micro_batches) and
 sets the base config shared by all runs. Run it again to resume: finished runs are skipped.
 """
@@ -34,6 +37,8 @@ SWEEP_HELP = {
     "fixed_prompts": "P values also run with the fixed lr (the control)",
     "pairs": "extra PxG points (equal P*G to a grid point, another G)",
     "ppo_prompts": "PPO's P grid (empty: --prompts)", "seeds": "seeds per configuration",
+    "gen_batch_ratios": "rollout ratios k: every config also runs with B_gen = k * B_train "
+                        "sequences in flight (asynchronous partial rollout; 1: synchronous)",
     "base_prompts": "reference P (0: smallest)", "base_group": "reference G (0: smallest)",
     "max_responses": "response budget per run",
     "eval_every_responses": "evaluate about every this many retained responses",
@@ -44,7 +49,7 @@ SWEEP_HELP = {
     "compile_cache": "JAX persistent compilation cache"}
 # Fields the study sets per run; every other TrainConfig field is a flag for the base config.
 _PER_RUN = ("run_dir", "algo", "prompts_per_step", "group_size", "lr_rule", "seed", "target",
-            "target_margin", "max_responses", "base_batch")
+            "target_margin", "max_responses", "base_batch", "gen_batch_ratio")
 # The study's base run: 1500 held-out prompts x 16 samples (one eval's within-prompt SE about
 # 0.0022: the reference gains only ~0.03 over the budget, and the design asks SE <= 1/6 of the
 # gap to the target, half of that gain), 2 micro-batches of whole groups (the noise scale

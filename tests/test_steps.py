@@ -392,3 +392,38 @@ def test_float32_master_params_with_bfloat16_compute(params):
     assert cos > 0.99, cos
     moved = tree_diff(state16.params, params)
     assert 0 < moved and np.isfinite(moved)
+
+
+def test_decoupled_objective_in_the_step(params):
+    """batch.prox_logp_BT (off-policy rollouts) switches the actor to decoupled PPO: prox equal
+    to the behaviour log-probs is plain PPO (to float rounding of another graph); another prox changes the gradient to the
+    importance-weighted, prox-centred surrogate, the same for 1 and 4 micro-batches."""
+    batch = make_grpo_batch(3)
+    plain = _grpo_fn(1)(new_state(params), batch)[1]["actor_grads"]
+    same = _grpo_fn(1)(new_state(params), batch.replace(prox_logp_BT=batch.old_logp_BT))
+    assert tree_diff(same[1]["actor_grads"], plain) <= 1e-6 * tree_norm(plain)
+    rng = np.random.default_rng(0)
+    prox = jnp.where(batch.loss_mask_BT,
+                     batch.old_logp_BT + 0.3 * rng.normal(size=batch.old_logp_BT.shape), 0.0)
+    g = {M: _grpo_fn(M)(new_state(params), batch.replace(prox_logp_BT=prox.astype(jnp.float32)))
+         [1]["actor_grads"] for M in (1, 4)}
+    assert tree_diff(g[1], plain) > 1e-3 * tree_norm(plain)
+    assert tree_diff(g[4], g[1]) <= 1e-5 * tree_norm(g[1])
+    # The step's policy term is policy_loss with prox (the other terms, entropy and KL, do
+    # not depend on prox, so they cancel in the difference to the plain step).
+    mask_BS = batch.loss_mask_BT[:, 1:]
+    delta = jax.tree.map(lambda a, b: a - b, g[1], plain)
+    ref_delta = jax.tree.map(
+        lambda a, b: a - b, jax.grad(lambda p: _surrogate(p, batch, mask_BS, prox[:, 1:]))(params),
+        jax.grad(lambda p: _surrogate(p, batch, mask_BS, None))(params))
+    assert tree_diff(delta, ref_delta) <= 1e-4 * tree_norm(ref_delta)
+
+
+def _surrogate(p, batch, mask_BS, prox_BS):
+    logits = steps.forward(CFG, p, batch.tokens_BT, batch.valid_BT)[:, :-1]
+    logp = losses.token_logprobs(logits, batch.tokens_BT[:, 1:], LOSS_CFG.temperature)
+    adv = steps._grpo_advantages_BS(batch, GT, LOSS_CFG.advantage)
+    return losses.policy_loss(logp, batch.old_logp_BT[:, 1:], adv, mask_BS,
+                              clip_low=LOSS_CFG.clip_low, clip_high=LOSS_CFG.clip_high,
+                              dual_clip=LOSS_CFG.dual_clip, agg=LOSS_CFG.agg,
+                              prox_logp_BT=prox_BS)[0]

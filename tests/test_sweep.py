@@ -28,6 +28,32 @@ def test_plan_grid_and_lr_rules():
     assert r.batch_train == 128 and r.eval_every == sweep.eval_every_responses // 128
 
 
+def test_plan_gen_batch_ratios_axis():
+    """gen_batch_ratios=(1, 2) runs every config again at k = 2 (named ..._k2_s<seed>, with
+    B_gen = 2 B_train) after the unchanged synchronous study; tuning stays synchronous."""
+    default = sweep_mod.study_config("default")
+    sync = plan(default, TrainConfig(micro_batches=2))
+    names = [os.path.basename(r.run_dir) for r in sync]
+    # the names the study always had (existing result directories resume)
+    assert names == [f"{r.algo}_P{r.prompts_per_step}_G{r.group_size}_{r.optim.lr_rule}_s"
+                     f"{r.seed}" for r in sync] and "grpo_P16_G8_sqrt_s0" in names
+    assert {r.gen_batch_ratio for r in sync} == {1}
+    both = plan(sweep_mod.study_config("default", gen_batch_ratios=(1, 2)),
+                TrainConfig(micro_batches=2))
+    assert len(both) == 2 * len(sync) and both[:len(sync)] == sync
+    for r0, r2 in zip(sync, both[len(sync):]):
+        stem, seed = os.path.basename(r0.run_dir).rsplit("_s", 1)
+        assert os.path.basename(r2.run_dir) == f"{stem}_k2_s{seed}"
+        assert r2.gen_batch_ratio == 2 and r2.batch_gen == 2 * r2.batch_train
+        assert r2.replace(gen_batch_ratio=1, run_dir=r0.run_dir) == r0
+    assert sweep_mod.run_name("grpo", 32, 8, "sqrt", 0, 2) == "grpo_P32_G8_sqrt_k2_s0"
+    assert sweep_mod.run_name("grpo", 32, 8, "sqrt", 0) == "grpo_P32_G8_sqrt_s0"
+    tune = sweep_mod.tune_plan(default, TrainConfig().replace(gen_batch_ratio=2))
+    assert tune and {r.gen_batch_ratio for r in tune} == {1}
+    with pytest.raises(ValueError, match="gen_batch_ratios"):
+        sweep_mod._validate_all(SweepConfig(gen_batch_ratios=(0,)), [], [])
+
+
 def test_default_and_full_study_designs():
     """The default study: >= 5 batches over >= 16x, >= 3 seeds, the fixed-lr control at >= 2
     batches, an equal-P*G pair with another G; the full one adds PPO with its own grid."""
@@ -123,7 +149,10 @@ def test_cli_flags_override_the_study():
     full = sweep_mod.study_config("full")
     assert got["algos"] == list(full.algos) and got["ppo_prompts"] == list(full.ppo_prompts)
     assert got["prompts"] == [8, 16] and got["pairs"] == [[16, 4]] and got["tune_lrs"] == []
-    assert got["target"] == 0.3 and got["seeds"] == [0]
+    assert got["target"] == 0.3 and got["seeds"] == [0] and got["gen_batch_ratios"] == [1]
+    two = _cli("--gen_batch_ratios=1,2")
+    assert two.returncode == 0, two.stderr
+    assert json.loads(two.stdout.strip().splitlines()[-1])["gen_batch_ratios"] == [1, 2]
     bad = _cli("--pairs=16y4")
     assert bad.returncode != 0 and "--pairs=16y4" in bad.stderr and "32x4" in bad.stderr
 

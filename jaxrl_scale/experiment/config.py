@@ -12,6 +12,7 @@ from jaxrl_scale.rl.steps import LossConfig
 from jaxrl_scale.sampling.rules import SamplingConfig
 
 ALGOS = ("grpo", "ppo")
+ROLLOUTS = ("auto", "engine", "generate")
 # The built-in CPU task: 2-digit addition and subtraction (answers of 1-3 characters).
 DEFAULT_TASK_KWARGS = {"digits": 2, "ops": "+-"}
 
@@ -62,6 +63,14 @@ class TrainConfig:
     filter_zero_variance: bool = False  # GRPO: groups with equal rewards leave the loss
     # --- rollout
     max_new_tokens: int = 6
+    # Asynchronous partial rollout (sampling/engine.py, rl/partial.py): B_gen = ratio * B_train
+    # sequences in flight; 1 with max_staleness 0 is the synchronous rollout.
+    gen_batch_ratio: int = 1
+    max_staleness: int = -1            # policy versions a token may lag (-1: gen_batch_ratio - 1)
+    recompute_kv: bool = False         # after an update, rebuild in-flight KV under new weights
+    engine_steps: int = 8              # decode steps per engine call between host harvests
+    rollout: str = "auto"              # "auto": the slot engine when partial, else generate;
+                                       # "engine": always the slot engine; "generate"
     sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
     # --- update
     loss: LossConfig = dataclasses.field(default_factory=lambda: LossConfig(clip_high=0.28))
@@ -99,6 +108,25 @@ class TrainConfig:
     def batch_train(self) -> int:
         return self.prompts_per_step * self.group_size
 
+    @property
+    def batch_gen(self) -> int:
+        """Sequences in flight during rollout (B_gen = gen_batch_ratio * B_train)."""
+        return self.gen_batch_ratio * self.batch_train
+
+    @property
+    def staleness_bound(self) -> int:
+        return self.gen_batch_ratio - 1 if self.max_staleness < 0 else self.max_staleness
+
+    @property
+    def partial_rollout(self) -> bool:
+        """True when sequences may run ahead of the policy (k > 1 or a staleness bound)."""
+        return self.gen_batch_ratio > 1 or self.staleness_bound > 0
+
+    @property
+    def use_engine(self) -> bool:
+        """The slot engine runs the rollout (else the synchronous `generate`)."""
+        return self.rollout == "engine" or (self.rollout == "auto" and self.partial_rollout)
+
     @classmethod
     def make(cls, **flat) -> "TrainConfig":
         """TrainConfig() with fields given by flat name (see the class docstring)."""
@@ -133,6 +161,7 @@ class TrainConfig:
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["batch_train"] = self.batch_train
+        d["batch_gen"] = self.batch_gen
         return d
 
     @classmethod
@@ -212,6 +241,23 @@ def validate(cfg: TrainConfig, *, data_parallel: int | None = None,
     if f["dual_clip"] and f["dual_clip"] <= 1:
         raise _err("dual_clip", f"must be > 1 (or 0 to disable), got {f['dual_clip']}",
                    "use e.g. --dual_clip=3")
+    if cfg.gen_batch_ratio < 1:
+        raise _err("gen_batch_ratio", f"must be >= 1, got {cfg.gen_batch_ratio}",
+                   "use 1 (synchronous rollout) or k > 1 for B_gen = k * B_train")
+    if cfg.max_staleness < -1:
+        raise _err("max_staleness", f"must be >= 0 (or -1 for gen_batch_ratio - 1), got "
+                   f"{cfg.max_staleness}", "use e.g. --max_staleness=1")
+    if cfg.gen_batch_ratio > 1 and cfg.staleness_bound == 0:
+        raise _err("max_staleness", f"0 with gen_batch_ratio={cfg.gen_batch_ratio} keeps the "
+                   "extra slots idle (no prompt may run ahead of the current policy)",
+                   "use --max_staleness >= 1 (or -1 for gen_batch_ratio - 1)")
+    if cfg.rollout not in ROLLOUTS:
+        raise _err("rollout", f"{cfg.rollout!r} is unknown", f"use one of {ROLLOUTS}")
+    if cfg.rollout == "generate" and cfg.partial_rollout:
+        raise _err("rollout", "'generate' is the synchronous rollout, but gen_batch_ratio / "
+                   "max_staleness ask for partial rollout", "use --rollout=auto")
+    if cfg.engine_steps < 1:
+        raise _err("engine_steps", f"must be >= 1, got {cfg.engine_steps}", "use e.g. 8")
     if cfg.generate_chunk < 1:
         raise _err("generate_chunk", f"must be >= 1, got {cfg.generate_chunk}",
                    "use e.g. --generate_chunk=4096")

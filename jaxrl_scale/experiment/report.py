@@ -3,7 +3,9 @@
 report.md opens with "## Answer": the statistical power of the sweep, the verdict of every
 config against its algorithm's reference (faster / slower / indistinguishable / not reached,
 each T/T0 with its interval), the fastest set, both critical batches and the source's
-findings, each marked reproduced / not reproduced / undetermined. Every number comes from
+findings, each marked reproduced / not reproduced / undetermined; then, when the sweep ran
+configs with asynchronous partial rollout (gen_batch_ratio k > 1), "## Partial rollout vs
+synchronous": q, N* and T ratios against the synchronous twin. Every number comes from
 the summary of `jaxrl_scale.scaling.analysis.analyze_sweep`, with its interval at the
 summary's ``ci_level`` where it has one.
 
@@ -156,8 +158,14 @@ def _is_ref(summary: dict, g: str, st: dict) -> bool:
     return bool(st.get("is_reference")) or g in (summary.get("reference_configs") or {}).values()
 
 
+def _ratio(st: dict):
+    return st.get("gen_batch_ratio", 1) or 1
+
+
 def _desc(st: dict) -> str:
     bits = [f"B={fmt(st.get('batch'))}"]
+    if _ratio(st) != 1:
+        bits.append(f"partial rollout k={fmt(_ratio(st))}, B_gen={fmt(st.get('batch_gen'))}")
     if st.get("lr_rule"):
         bits.append(f"lr {st['lr_rule']}")
     if st.get("group_size") is not None:
@@ -216,8 +224,9 @@ def plot_learning_curves(runs: Sequence[Run], summary: dict, path: str) -> str |
             label = (f"{g}{ref}: B={fmt(rs[0].batch)}, {len(rs)} seed(s)"
                      + (f", {verdict}" if verdict != "-" and not verdict.startswith("n/a")
                         else ""))
+            partial = rs[0].gen_batch_ratio != 1
             ax.plot(grid, mean, linestyle=_style(rs[0].lr_rule), color=color, lw=1.5,
-                    label=label)
+                    label=label, marker="^" if partial else None, markevery=0.1, ms=4)
             ax.fill_between(grid, lo, hi, color=color, alpha=0.18, lw=0)
         t = (summary.get("targets") or {}).get(algo, summary.get("target"))
         if _ok(t):
@@ -227,8 +236,9 @@ def plot_learning_curves(runs: Sequence[Run], summary: dict, path: str) -> str |
         ax.set_title(f"{algo}: seed-mean learning curves", fontsize=10)
         ax.legend(fontsize=7, loc="lower right")
         ax.grid(alpha=0.3)
-    fig.suptitle("Band: " + " / ".join(sorted(kinds)) + "; solid sqrt lr, dashed fixed lr",
-                 fontsize=9)
+    fig.suptitle("Band: " + " / ".join(sorted(kinds)) + "; solid sqrt lr, dashed fixed lr"
+                 + ("; triangles: partial rollout (k > 1)" if any(
+                     r.gen_batch_ratio != 1 for r in runs) else ""), fontsize=9)
     return _save(fig, path)
 
 
@@ -273,9 +283,11 @@ def plot_grad_norm(summary: dict, path: str) -> str | None:
 
 
 def _per_batch(summary: dict, key: str) -> tuple[list[float], list[float]]:
+    """Config means of ``key`` per batch, synchronous rollout only (a partial-rollout update
+    collects B_train responses from k * B_train in flight: another cost curve)."""
     by_b: dict[float, list[float]] = {}
     for st in _configs(summary).values():
-        if _ok(st.get("batch")) and _ok(st.get(key)) and st[key] > 0:
+        if _ok(st.get("batch")) and _ok(st.get(key)) and st[key] > 0 and _ratio(st) == 1:
             by_b.setdefault(st["batch"], []).append(st[key])
     bs = sorted(by_b)
     return bs, [float(np.mean(by_b[b])) for b in bs]
@@ -333,23 +345,25 @@ def plot_time_to_target(summary: dict, path: str) -> str:
     for algo in algos:
         best |= set(_algo_info(summary, algo).get("best_set") or [])
     best |= set(summary.get("best_set") or [])
-    # one series per (algo, lr rule, group size): a line never joins different group sizes
+    # one series per (algo, lr rule, group size, rollout ratio): a line never joins different
+    # group sizes or rollouts
     series: dict[tuple, list] = {}
     for g, st in configs.items():
         if _ok(st.get("batch")):
             k = (algos.index(_algo_of(st)) if _algo_of(st) in algos else len(algos),
-                 st.get("lr_rule") or "?", str(st.get("group_size")))
+                 st.get("lr_rule") or "?", str(st.get("group_size")), _ratio(st))
             series.setdefault(k, []).append((g, st))
     n_gs = len({k[2] for k in series if k[2] != "None"})
     for si, k in enumerate(sorted(series)):
-        ai, rule, gs = k
+        ai, rule, gs, ratio_k = k
         algo = algos[ai] if ai < len(algos) else "?"
         color, marker = f"C{si % 10}", ALGO_MARKERS[ai % len(ALGO_MARKERS)]
         pts = [(st["batch"] * 1.03 ** si, g, st) for g, st in
                sorted(series[k], key=lambda kv: (kv[1]["batch"], kv[0]))]
         ok = [(x, g, st) for x, g, st in pts if _ok(st.get(key))]
         name = ((f"{algo} " if multi else "") + f"lr {rule}"
-                + (f" G={gs}" if n_gs > 1 and gs != "None" else ""))
+                + (f" G={gs}" if n_gs > 1 and gs != "None" else "")
+                + (f" k={fmt(ratio_k)}" if ratio_k != 1 else ""))
         if ok:
             ys = [st[key] for _, _, st in ok]
             err = _yerr(ys, [st.get(ci_key) for _, _, st in ok], top) if ci_key else None
@@ -657,7 +671,7 @@ def _finding_sqrt(summary: dict, algo: str) -> tuple[str, str]:
     rb = ref.get("batch") or 0
     sq = [(g, st) for g, st in _sorted_configs(summary, algo)
           if st.get("lr_rule") == "sqrt" and not _is_ref(summary, g, st)
-          and (st.get("batch") or 0) > rb]
+          and (st.get("batch") or 0) > rb and _ratio(st) == _ratio(ref)]
     if not sq:
         return "undetermined", "no sqrt-lr config at a batch above the reference's"
     aligned, cost, open_ = [], [], []
@@ -700,7 +714,8 @@ def _finding_fixed(summary: dict, algo: str) -> tuple[str, str]:
             continue
         for h, sq in items:
             if (sq.get("lr_rule") == "sqrt" and sq.get("batch") == st.get("batch")
-                    and sq.get("group_size") == st.get("group_size")):
+                    and sq.get("group_size") == st.get("group_size")
+                    and _ratio(sq) == _ratio(st)):
                 pairs.append((g, st, h, sq))
     if not pairs:
         return "undetermined", ("no batch (other than the reference's, where both rules give "
@@ -790,9 +805,9 @@ def _finding_pg(summary: dict, algo: str) -> tuple[str, str]:
     by: dict[tuple, list] = {}
     for g, st in _sorted_configs(summary, algo):
         if st.get("group_size") is not None and _ok(st.get("batch")):
-            by.setdefault((st.get("lr_rule"), st["batch"]), []).append((g, st))
+            by.setdefault((st.get("lr_rule"), st["batch"], _ratio(st)), []).append((g, st))
     pairs = []
-    for (rule, b), xs in sorted(by.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+    for (rule, b, _), xs in sorted(by.items(), key=lambda kv: (str(kv[0][0]), kv[0][1:])):
         for i in range(len(xs)):
             for j in range(i + 1, len(xs)):
                 if xs[i][1].get("group_size") != xs[j][1].get("group_size"):
@@ -916,11 +931,44 @@ def _answer(summary: dict) -> tuple[list[str], list[str]]:
     return main, finds
 
 
+PARTIAL_VERDICTS = {"faster": "FASTER (the T ratio interval is below 1)",
+                    "slower": "SLOWER (the T ratio interval is above 1)",
+                    "indistinguishable": "indistinguishable (the T ratio interval contains 1)"}
+ROLLOUT_TEXT = (("staleness_mean", "mean staleness {} versions"), ("staleness_max", "max {}"),
+                ("off_policy_token_frac", "off-policy tokens {}"),
+                ("slot_occupancy", "slot occupancy {}"))
+
+
+def _partial_line(x: dict) -> str:
+    s = (f"{x['config']} vs {x['sync_config']} (B_train={fmt(x.get('batch'))}, "
+         f"B_gen={fmt(x.get('batch_gen'))}, k={fmt(x.get('gen_batch_ratio'))}): q ratio "
+         f"{fmt_ci(x.get('q_ratio'), x.get('q_ratio_ci'))}")
+    if x.get("reached"):
+        s += (f", r_N {fmt_ci(x.get('r_N'), x.get('r_N_ci'))}, T ratio "
+              f"{fmt_ci(x.get('T_ratio'), x.get('T_ratio_ci'))}: "
+              f"{PARTIAL_VERDICTS.get(x.get('verdict'), x.get('verdict') or '-')}")
+    else:
+        s += "; not reached (one of the two missed J* in some seed): no r_N or T ratio"
+    inv = x.get("curves") or {}
+    if inv.get("within") is not None:
+        s += (f"; learning curves {'within' if inv['within'] else 'OUTSIDE'} the eval-noise "
+              f"band of each other (mean |dJ| {fmt(inv.get('mean_abs_dev'))} vs "
+              f"{fmt(inv.get('band'))})")
+    roll = [t.format(fmt(x[k])) for k, t in ROLLOUT_TEXT if _ok(x.get(k))]
+    return s + ("; " + ", ".join(roll) if roll else "") + "."
+
+
+def partial_rollout_lines(summary: dict) -> list[str]:
+    """One line per config run with partial rollout (k > 1) against its synchronous twin:
+    q ratio, r_N, T ratio with intervals and the verdict; empty without such configs."""
+    return [_partial_line(x) for x in summary.get("partial_rollout") or []]
+
+
 def facts(summary: dict) -> list[str]:
-    """The Answer lines of report.md: power, verdicts, fastest set, critical batches and the
-    source findings, each number with its interval."""
+    """The Answer lines of report.md: power, verdicts, fastest set, critical batches, the
+    source findings and partial rollout vs synchronous, each number with its interval."""
     main, finds = _answer(summary)
-    return main + finds
+    return main + finds + partial_rollout_lines(summary)
 
 
 # ----------------------------------------------------------------------------------- tables
@@ -1090,6 +1138,16 @@ def write_report(sweep_dir: str | None, summary: dict, *, runs: Sequence[Run] | 
            "replicates never reach the target). T/T0 = r_N / r_q; a config is faster / slower "
            "when the whole T/T0 interval is below / above 1. q is end-to-end throughput "
            "(retained responses per second) over [0, N*].", ""]
+    partial = partial_rollout_lines(summary)
+    if partial:
+        md += ["## Partial rollout vs synchronous", "",
+               "Each config run with asynchronous partial rollout (B_gen = k x B_train "
+               "sequences in flight) against the synchronous config that differs only in k: "
+               "q ratio = q_k / q_sync (end-to-end responses per second), r_N = N*_k / "
+               "N*_sync, T ratio = T_k / T_sync = r_N / q ratio, with "
+               f"{lvl} intervals from the same seed bootstrap as T/T0; faster / slower when "
+               "the whole T ratio interval is below / above 1.", ""]
+        md += [f"- {x}" for x in partial] + [""]
     if summary.get("sweep_dir"):
         md += [f"Sweep: `{summary['sweep_dir']}`. References: " + ", ".join(
             f"{a}: `{g}`" for a, g in (summary.get("reference_configs") or {}).items()) + ".", ""]

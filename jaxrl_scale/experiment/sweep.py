@@ -4,13 +4,16 @@ seeds, resumable, then the time-to-target analysis with intervals and the report
 Protocol (the source's, SCIENCE.md section 2): the base lr is tuned at the reference batch
 B0 = base_prompts * base_group by a small stage of its own (SWEEP_DIR/_lr_tune, recorded in
 lr_tune.json); every other run scales it by its lr rule (sqrt; the fixed-lr control keeps it).
-Each run lives in SWEEP_DIR/<algo>_P<P>_G<G>_<rule>_s<seed>. Running the study again skips
+Each run lives in SWEEP_DIR/<algo>_P<P>_G<G>_<rule>_s<seed>; a run with asynchronous partial
+rollout (B_gen = k * B_train, k = gen_batch_ratio > 1) in <algo>_P<P>_G<G>_<rule>_k<k>_s<seed>,
+so the synchronous runs keep their names whatever the ratios. Running the study again skips
 runs that finished (DONE.json) and resumes partial ones from their checkpoints, so a killed
 study loses at most the steps since a run's last checkpoint, never a finished run.
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import time
@@ -34,7 +37,8 @@ COMPILE_CACHE = "~/.cache/jaxrl_scale/jax_cache"
 class SweepConfig:
     """The study. Batch per update B = P * G (PPO: G = 1). Runs: every (algo, P, G, rule) of
     the grid, plus the fixed-lr control at ``fixed_prompts`` (base G) and the extra (P, G)
-    points of ``pairs`` (the grid's rules), each for every seed."""
+    points of ``pairs`` (the grid's rules), each for every seed and every ``gen_batch_ratios``
+    k (B_gen = k * B_train sequences in flight; 1 = synchronous rollout)."""
 
     sweep_dir: str = "runs/sweep"
     algos: tuple[str, ...] = ("grpo",)
@@ -45,6 +49,7 @@ class SweepConfig:
     pairs: tuple[tuple[int, int], ...] = ((32, 4),)   # equal P*G with another G
     ppo_prompts: tuple[int, ...] = ()            # PPO's own P grid (default: `prompts`)
     seeds: tuple[int, ...] = (0, 1, 2)
+    gen_batch_ratios: tuple[int, ...] = (1,)    # rollout axis: every config at each k
     base_prompts: int = 16             # reference P (0: smallest P of the grid)
     base_group: int = 0                # reference G (0: smallest G of the grid)
     max_responses: int = 15360         # response budget per run
@@ -81,8 +86,11 @@ def study_config(name: str, **overrides) -> SweepConfig:
     return SweepConfig(**{**STUDIES[name], **overrides})
 
 
-def run_name(algo: str, P: int, G: int, rule: str, seed: int) -> str:
-    return f"{algo}_P{P}_G{G}_{rule}_s{seed}"
+def run_name(algo: str, P: int, G: int, rule: str, seed: int, k: int = 1) -> str:
+    """The tag ``_k<k>`` only for k != 1: synchronous runs keep the names they always had, so
+    a study that adds ratios resumes from its old results."""
+    tag = f"_k{k}" if k != 1 else ""
+    return f"{algo}_P{P}_G{G}_{rule}{tag}_s{seed}"
 
 
 def _points(sweep: SweepConfig) -> list[tuple[str, int, int, str]]:
@@ -115,22 +123,24 @@ def _reference_batch(sweep: SweepConfig, algo: str) -> int:
 
 def plan(sweep: SweepConfig, base: TrainConfig, base_lrs: dict[str, float] | None = None
          ) -> list[TrainConfig]:
-    """Every run of the study as a TrainConfig, seeds innermost. The fixed-lr run at the
+    """Every run of the study as a TrainConfig, seeds innermost, gen_batch_ratios outermost
+    (the synchronous study first, as it was without the axis). The fixed-lr run at the
     reference batch is the sqrt run (same lr), so it is run once. ``base_lrs`` {algo: lr}
     replaces base.optim.base_lr (the tuned lr)."""
     runs, seen = [], set()
-    for algo, P, G, rule in _points(sweep):
+    for k, (algo, P, G, rule) in itertools.product(sweep.gen_batch_ratios, _points(sweep)):
         B0 = _reference_batch(sweep, algo)
         B = P * G
         eff_rule = "sqrt" if (B == B0 and rule in ("fixed", "linear")) else rule
         for seed in sweep.seeds:
-            name = run_name(algo, P, G, eff_rule, seed)
+            name = run_name(algo, P, G, eff_rule, seed, k)
             if name in seen:
                 continue
             seen.add(name)
             runs.append(base.replace(
                 run_dir=os.path.join(sweep.sweep_dir, name), algo=algo,
                 prompts_per_step=P, group_size=G, lr_rule=eff_rule, seed=seed,
+                gen_batch_ratio=k,
                 base_batch=B0, base_lr=(base_lrs or {}).get(algo, base.optim.base_lr),
                 max_responses=sweep.max_responses, max_steps=10 ** 9,
                 eval_every=max(1, sweep.eval_every_responses // B),
@@ -140,7 +150,8 @@ def plan(sweep: SweepConfig, base: TrainConfig, base_lrs: dict[str, float] | Non
 
 
 def tune_plan(sweep: SweepConfig, base: TrainConfig) -> list[TrainConfig]:
-    """One run per (algo, lr) at the reference batch, seed 0, shorter budget."""
+    """One run per (algo, lr) at the reference batch, seed 0, shorter budget, synchronous
+    rollout (the lr is tuned once; partial rollout is a system change measured against it)."""
     runs = []
     for algo in sweep.algos:
         B0 = _reference_batch(sweep, algo)
@@ -150,6 +161,7 @@ def tune_plan(sweep: SweepConfig, base: TrainConfig) -> list[TrainConfig]:
             runs.append(base.replace(
                 run_dir=os.path.join(sweep.sweep_dir, TUNE_DIR, name), algo=algo,
                 prompts_per_step=B0 // G, group_size=G, lr_rule="sqrt", seed=0, base_batch=B0,
+                gen_batch_ratio=1,
                 base_lr=lr, max_responses=sweep.tune_responses, max_steps=10 ** 9,
                 eval_every=max(1, sweep.eval_every_responses // 2 // B0),
                 checkpoint_every=max(1, sweep.eval_every_responses // B0),
@@ -217,6 +229,10 @@ def _run_all(cfgs: list[TrainConfig], desc: str, progress: bool,
 
 def _validate_all(sweep: SweepConfig, runs: list[TrainConfig], tune: list[TrainConfig]) -> None:
     """Every configuration error surfaces before the first run starts."""
+    if not sweep.gen_batch_ratios or min(sweep.gen_batch_ratios) < 1:
+        raise ValueError(f"SweepConfig.gen_batch_ratios must be integers >= 1, got "
+                         f"{sweep.gen_batch_ratios}. Fix: e.g. --gen_batch_ratios=1,2 (1: "
+                         "synchronous rollout).")
     for algo in sweep.algos:
         B0 = _reference_batch(sweep, algo)
         grid = sorted({c.batch_train for c in runs if c.algo == algo})

@@ -1,6 +1,11 @@
 """One GRPO/PPO run: rollout -> rewards -> batch (rl/batch.py) -> update (advantages and the
 KL term inside the jitted step, rl/steps.py) -> log -> eval -> checkpoint.
 
+Rollout: `generate` over the step's P prompts x G samples (synchronous), or, with
+gen_batch_ratio > 1 (or --rollout=engine), the next batch of the slot engine's asynchronous
+partial rollout (rl/partial.py: B_gen sequences in flight, the P oldest groups per update,
+staleness-bounded; the update is then decoupled PPO against the params before it).
+
 Everything a user can change is a TrainConfig field; this module is the only place where the
 pieces meet. Accounting (SCIENCE.md section 1):
   responses            cumulative *retained* responses (zero-variance groups filtered out
@@ -35,10 +40,12 @@ from jaxrl_scale.experiment.metrics import MetricsLog
 from jaxrl_scale.models import get_config, init_params, load_hf
 from jaxrl_scale.models.tokenizer import load_tokenizer
 from jaxrl_scale.rl.batch import RolloutBatch, rollout_batch
+from jaxrl_scale.rl.partial import PartialRollout, staleness_metrics
 from jaxrl_scale.rl.state import init_train_state, state_shardings
 from jaxrl_scale.rl.steps import grpo_step, make_train_step, ppo_step, score_tokens
 from jaxrl_scale.rl.value import init_critic_from_actor
 from jaxrl_scale.sampling import generate
+from jaxrl_scale.sampling.engine import SlotEngine
 
 DONE_FILE = "DONE.json"
 
@@ -95,7 +102,9 @@ class Run:
         self.train_src, self.test_src = load_splits(cfg.task, cfg.task_kwargs, cfg.data_dir,
                                                     cfg.num_train_examples,
                                                     cfg.num_test_examples)
-        self.stream = PromptStream(self.train_src, cfg.prompts_per_step, cfg.seed)
+        # The engine admits one prompt group at a time; the example order is the same.
+        self.stream = PromptStream(self.train_src, 1 if cfg.use_engine else cfg.prompts_per_step,
+                                   cfg.seed)
         self.reward_fn = reward_for_task(cfg.task)
         self.model_cfg, params = _model(cfg, self.tok)
         self.prompt_len = prompt_length(
@@ -121,17 +130,38 @@ class Run:
             self.step_fn = make_train_step(ppo_step, self.states, mesh=self.mesh, actor_tx=tx,
                                            critic_tx=ctx, actor_lr_fn=lr_fn,
                                            critic_lr_fn=clr_fn, **common)
-        # KL to a frozen reference: the initial policy (rebuilt the same way on resume).
-        self.ref_params = self.score_ref = None
-        if cfg.loss.kl_coef:
-            self.ref_params = jax.tree.map(jnp.copy, self.params)
+        # Log-probs of the batch under other params: the frozen KL reference (the initial
+        # policy, rebuilt the same way on resume) and, for off-policy rollouts, the proximal
+        # policy of decoupled PPO (the params before this update).
+        self.ref_params = self.score = None
+        self.use_prox = cfg.use_engine and cfg.staleness_bound > 0
+        if cfg.loss.kl_coef or self.use_prox:
             rows = shd.batch_sharding(self.mesh)
-            self.score_ref = jax.jit(
+            self.score = jax.jit(
                 functools.partial(score_tokens, self.model_cfg,
                                   temperature=cfg.sampling.temperature,
                                   micro_batches=cfg.micro_batches),
-                in_shardings=(state_shardings(self.mesh, self.ref_params), rows, rows),
+                in_shardings=(state_shardings(self.mesh, self.params), rows, rows),
                 out_shardings=rows)
+        if cfg.loss.kl_coef:
+            self.ref_params = jax.tree.map(jnp.copy, self.params)
+        self.partial = None
+        if cfg.use_engine:
+            engine = SlotEngine(self.model_cfg, slots=cfg.batch_gen, prompt_len=self.prompt_len,
+                                max_new_tokens=cfg.max_new_tokens, sampling=cfg.sampling,
+                                eos_id=self.tok.eos_id, pad_id=self.tok.pad_id, mesh=self.mesh,
+                                steps_per_call=cfg.engine_steps)
+            self.partial = PartialRollout(
+                engine, lambda: self.stream.next_batch()[0], self.tok.encode,
+                prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
+                max_staleness=cfg.staleness_bound, recompute_kv=cfg.recompute_kv)
+
+    @property
+    def data_position(self) -> int:
+        """Stream position of the first example not yet trained on: groups still in flight
+        are read (and generated) again after a resume."""
+        waiting = self.partial.waiting if self.partial is not None else 0
+        return self.stream.position - waiting
 
     def _dummy_batch(self):
         cfg = self.cfg
@@ -140,7 +170,8 @@ class Run:
         return RolloutBatch(tokens_BT=np.zeros((B, T), np.int32), valid_BT=np.ones((B, T), bool),
                             loss_mask_BT=np.ones((B, T), bool), old_logp_BT=zeros_BT,
                             rewards_B=np.zeros((B,), np.float32),
-                            ref_logp_BT=zeros_BT if cfg.loss.kl_coef else None)
+                            ref_logp_BT=zeros_BT if cfg.loss.kl_coef else None,
+                            prox_logp_BT=zeros_BT if self.use_prox else None)
 
     def compile(self) -> float:
         """Compile the update (AOT, fixed shapes) and the rollout; returns seconds spent.
@@ -157,11 +188,16 @@ class Run:
             return compiled(*args)
 
         self.step_fn = run_compiled
-        warm = [{"prompt": self.train_src[0]["prompt"]}] * self.cfg.prompts_per_step
-        self.sample(warm, self.cfg.group_size, 0, self.cfg.sampling.temperature, score=False)
-        if self.score_ref is not None:
+        cfg = self.cfg
+        if self.partial is not None:   # every admission bucket (whole groups) and the decode
+            self.partial.engine.warm(self.params, range(cfg.group_size, cfg.batch_gen + 1,
+                                                        cfg.group_size), cfg.recompute_kv)
+        else:
+            warm = [{"prompt": self.train_src[0]["prompt"]}] * cfg.prompts_per_step
+            self.sample(warm, cfg.group_size, 0, cfg.sampling.temperature, score=False)
+        if self.score is not None:
             dummy = self._dummy_batch()
-            self.score_ref(self.ref_params, dummy.tokens_BT, dummy.valid_BT)
+            self.score(self.params, dummy.tokens_BT, dummy.valid_BT)
         return time.perf_counter() - t0
 
     @property
@@ -187,18 +223,35 @@ class Run:
         self.last_decode_s = time.perf_counter() - t0  # the jitted decode, transfers included
         if not score:
             return prompts, tokens, logps, lengths, None
-        texts = decode_responses(self.tok, tokens, lengths)
-        rewards = self.reward_fn.score_batch(texts, [e for e in examples for _ in range(group)])
-        return prompts, tokens, logps, lengths, rewards
+        return prompts, tokens, logps, lengths, self._rewards(examples, group, tokens, lengths)
+
+    def _rewards(self, examples, group: int, tokens_BM, lengths_B) -> np.ndarray:
+        texts = decode_responses(self.tok, tokens_BM, lengths_B)
+        return self.reward_fn.score_batch(texts, [e for e in examples for _ in range(group)])
+
+    def rollout(self, step: int, seed):
+        """(prompts, tokens_BM, logp_BM, lengths_B, rewards_B, rollout fields) of one update:
+        `generate` over the step's prompts, or the slot engine's next batch."""
+        cfg = self.cfg
+        if self.partial is None:
+            return *self.sample(self.stream.next_batch(), cfg.group_size, seed,
+                                cfg.sampling.temperature), {}
+        t0 = time.perf_counter()
+        version = step - 1    # updates so far
+        r = self.partial.next_batch(self.params, version=version, seed=seed)
+        self.last_decode_s = time.perf_counter() - t0
+        rewards_B = self._rewards(r["examples"], cfg.group_size, r["tokens_BM"], r["lengths_B"])
+        fields = {"slot_occupancy": r["slot_occupancy"], "decode_steps": r["decode_steps"],
+                  **staleness_metrics(r["versions_BM"], r["lengths_B"], version)}
+        return r["prompts"], r["tokens_BM"], r["logprobs_BM"], r["lengths_B"], rewards_B, fields
 
     def train_step(self, step: int) -> dict[str, Any]:
         """rollout -> batch -> (reference scores) -> update; the step's training record."""
         cfg = self.cfg
         t0 = time.perf_counter()
-        examples = self.stream.next_batch()
         gen_seed = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), step)
-        prompts, tokens_BM, logp_BM, len_B, rewards_B = self.sample(
-            examples, cfg.group_size, gen_seed, cfg.sampling.temperature)
+        prompts, tokens_BM, logp_BM, len_B, rewards_B, rollout_fields = self.rollout(
+            step, gen_seed)
         gen_s = time.perf_counter() - t0
 
         t1 = time.perf_counter()
@@ -209,21 +262,24 @@ class Run:
         rec: dict[str, Any] = {}
         if accounting["retained"]:  # an all-filtered batch makes no update (Adam would move)
             t2 = time.perf_counter()
-            if self.score_ref is not None:
-                batch = batch.replace(ref_logp_BT=self.score_ref(
+            if self.ref_params is not None:
+                batch = batch.replace(ref_logp_BT=self.score(
                     self.ref_params, batch.tokens_BT, batch.valid_BT))
+            if self.use_prox:
+                batch = batch.replace(prox_logp_BT=self.score(
+                    self.params, batch.tokens_BT, batch.valid_BT))
             *states, metrics = self.step_fn(*self.states, batch)
             self.states = tuple(states)
             metrics = jax.device_get(metrics)
-            rec["update_s"] = time.perf_counter() - t2  # reference + update, transfers included
+            rec["update_s"] = time.perf_counter() - t2  # reference/proximal scores + update
             rec.update(step_metrics(metrics, cfg.batch_train // cfg.micro_batches,
                                     cfg.optim.max_grad_norm))
         rec.update(
             reward_mean=float(rewards_B.mean()), accuracy=float((rewards_B > 0).mean()),
             response_len=float(len_B.mean()), **accounting,
             gen_s=gen_s, decode_s=self.last_decode_s, train_s=time.perf_counter() - t1,
-            batch_train=cfg.batch_train, batch_gen=cfg.batch_train,
-            reward_failures=int(self.reward_fn.failures))
+            batch_train=cfg.batch_train, batch_gen=cfg.batch_gen,
+            reward_failures=int(self.reward_fn.failures), **rollout_fields)
         return rec
 
     def evaluate(self, step: int) -> dict[str, float]:
@@ -341,7 +397,7 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
 
     def save():
         ckpt.save(counters["step"], run.states,
-                  {"counters": counters, "data_position": run.stream.position,
+                  {"counters": counters, "data_position": run.data_position,
                    "reward_failures": int(run.reward_fn.failures)})
 
     def finished() -> bool:

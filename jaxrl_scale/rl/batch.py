@@ -31,6 +31,9 @@ class RolloutBatch:
     old_logp_BT: Array     # float32: behaviour log-probs from the sampler, 0 elsewhere
     rewards_B: Array       # float32: outcome reward of each response
     ref_logp_BT: Optional[Array] = None   # float32: reference policy's log-probs (KL)
+    # float32: the proximal policy's log-probs (decoupled PPO, off-policy rollouts): the clip
+    # is centred on it and old_logp_BT (behaviour) enters as an importance weight.
+    prox_logp_BT: Optional[Array] = None
 
 
 def pack_sequences(prompts: Sequence[Sequence[int]], responses_BM: np.ndarray,

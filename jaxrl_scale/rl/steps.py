@@ -234,6 +234,8 @@ def _actor_data(batch, advantages_BS: Array, loss_cfg: LossConfig) -> dict[str, 
                 adv_BS=_f32(advantages_BS))
     if batch.ref_logp_BT is not None:
         data["ref_logp_BS"] = _f32(_action_frame(batch.ref_logp_BT))
+    if batch.prox_logp_BT is not None:
+        data["prox_logp_BS"] = _f32(_action_frame(batch.prox_logp_BT))
     return data
 
 
@@ -257,10 +259,12 @@ def _actor_loss_fn(cfg: ModelConfig, loss_cfg: LossConfig, remat: bool, global_d
         mask_BS, w_BS = mb["mask_BS"], mb["w_BS"]
         old_BS, adv_BS = mb["old_logp_BS"], mb["adv_BS"]
 
+        # decoupled PPO when the batch carries the proximal policy (off-policy rollouts)
+        pg_kw = dict(clip, prox_logp_BT=mb.get("prox_logp_BS"))
         pg_loss = _weighted_sum(losses.policy_loss, logp_BS, old_BS, adv_BS, weights_BS=w_BS,
-                                **clip)
+                                **pg_kw)
         _, pg_metrics = losses.policy_loss(sg(logp_BS), old_BS, adv_BS, mask_BS, agg=lc.agg,
-                                           **clip)
+                                           **pg_kw)
         scaled_BSV = logits_BSV / lc.temperature if lc.temperature > 0 else logits_BSV
         if not lc.entropy_coef:
             scaled_BSV = sg(scaled_BSV)

@@ -224,6 +224,16 @@ class _PreparedLayers:
 _PREPARED = _PreparedLayers()
 
 
+def prepared_layers(cfg: ModelConfig, params, mesh: Mesh | None):
+    """The per-layer decode weights of `params` (cached while they live; see _PreparedLayers).
+
+    q/k/v and gate/up fusion concatenates weights: kept to unsharded params, where it never
+    forces a reshard of tensor-parallel weights."""
+    fuse = mesh is None and all(getattr(x, "sharding", None) is None or
+                                len(x.sharding.device_set) == 1 for x in jax.tree.leaves(params))
+    return _PREPARED.get(cfg, params, fuse)
+
+
 # ----------------------------------------------------------------------------- jit cache
 
 _JIT_CACHE: dict = {}
@@ -449,11 +459,7 @@ def generate(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *, max_
     static = dict(cfg=cfg, max_new_tokens=int(max_new_tokens), sampling=sampling, eos_id=eos,
                   pad_id=int(pad_id), batch_spec=spec)
     key = (cfg, Bb, Tb, int(max_new_tokens), sampling, eos, int(pad_id), mesh, axes)
-    # q/k/v and gate/up fusion concatenates weights: kept to unsharded params, where it never
-    # forces a reshard of tensor-parallel weights.
-    fuse = mesh is None and all(getattr(x, "sharding", None) is None or
-                                len(x.sharding.device_set) == 1 for x in jax.tree.leaves(params))
-    layers = _PREPARED.get(cfg, params, fuse)
+    layers = prepared_layers(cfg, params, mesh)
     out = _get_decode_fn(key, **static)(params, layers, tokens, valid, rng)
     if Bb != B:
         out = GenerateOutput(tokens=out.tokens[:B], logprobs=out.logprobs[:B],

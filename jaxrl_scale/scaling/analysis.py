@@ -6,7 +6,9 @@ without its seed): seed means, a hierarchical bootstrap (seeds, then each seed's
 N*, q, r_N, r_q, T/T0 with intervals at ``ci_level`` and a verdict against the reference of
 its own algorithm (SCIENCE.md sections 1-4). Then the set of configs not distinguishable from
 the fastest, both critical batches, grad-norm slopes, noise scales and curve invariance with
-a band derived from the measured eval noise. Pure numpy: it never imports JAX.
+a band derived from the measured eval noise; and, for configs run with asynchronous partial
+rollout (gen_batch_ratio k > 1), their q, N* and T against the synchronous twin (section 3).
+Pure numpy: it never imports JAX.
 """
 
 from __future__ import annotations
@@ -101,8 +103,9 @@ def _group_size(run: Run):
 
 def default_references(groups: dict[str, list[Run]]) -> dict[str, str]:
     """{algo: config}: per algorithm, the config whose batch equals the sweep's base batch
-    (``base_batch`` in config.json), preferring lr rule sqrt and the most common group size;
-    without a base batch, the smallest batch with lr rule sqrt, else the smallest batch."""
+    (``base_batch`` in config.json), preferring lr rule sqrt, synchronous rollout and the most
+    common group size; without a base batch, the smallest batch with lr rule sqrt, else the
+    smallest batch."""
     by_algo: dict[str, list[str]] = collections.defaultdict(list)
     for g, rs in groups.items():
         if any(r.evals for r in rs):
@@ -121,6 +124,7 @@ def default_references(groups: dict[str, list[Run]]) -> dict[str, str]:
             lo = min(first[g].batch or math.inf for g in pool)
             pool = [g for g in pool if (first[g].batch or math.inf) == lo]
         out[algo] = min(pool, key=lambda g: (first[g].lr_rule != "sqrt",
+                                             first[g].gen_batch_ratio != 1,
                                              _group_size(first[g]) != common_g, g))
     return out
 
@@ -303,7 +307,8 @@ def config_stats(groups: dict[str, list[Run]], per_run: dict, reps: dict, refs: 
             _fin(x["q"]) for x in xs) else math.nan
         creps[g] = {"N": N_b, "q": q_b, "T": stats.ratio(N_b, q_b)}
         st = {"algo": rs[0].algo, "batch": rs[0].batch, "batch_gen": rs[0].batch_gen,
-              "lr_rule": rs[0].lr_rule, "group_size": _group_size(rs[0]),
+              "gen_batch_ratio": rs[0].gen_batch_ratio, "lr_rule": rs[0].lr_rule,
+              "group_size": _group_size(rs[0]),
               "seeds": len(xs), "seeds_reached": n_reached, "runs": names,
               "reached": all_reached, "N_star": _or_none(N), "N_star_ci": _ci(N_b, level),
               "q": _or_none(q), "q_ci": _ci(q_b, level),
@@ -376,10 +381,13 @@ def critical_training_batch(configs: dict, ref: dict, tolerance: float) -> dict:
     """Largest B such that every measured B' <= B (reference's algo and lr rule) has the
     upper end of r_N's interval <= 1 + tolerance; and the smallest B where a sample cost is
     detected (lower end > 1 + tolerance, or the target not reached within a budget that
-    already exceeds (1 + tolerance) x N0*)."""
-    algo, rule = ref["algo"], ref["lr_rule"]
+    already exceeds (1 + tolerance) x N0*). Configs with the reference's gen_batch_ratio."""
+    algo, rule, k = ref["algo"], ref["lr_rule"], ref.get("gen_batch_ratio", 1)
+    # The reference's rollout only: partial rollout changes learning per response (stale
+    # tokens), and is compared with its synchronous twin in `partial_rollout` instead.
     pts = sorted(((st["batch"], g, st) for g, st in configs.items()
-                  if st["algo"] == algo and st["lr_rule"] == rule and st["batch"]),
+                  if st["algo"] == algo and st["lr_rule"] == rule and st["batch"]
+                  and st.get("gen_batch_ratio", 1) == k),
                  key=lambda p: (p[0], p[1]))
     by_b: dict[float, list] = collections.defaultdict(list)
     for b, g, st in pts:
@@ -408,25 +416,38 @@ def critical_training_batch(configs: dict, ref: dict, tolerance: float) -> dict:
                        for b, g, st in pts]}
 
 
+def gen_seconds(run: Run, cost: dict) -> float | None:
+    """Seconds to generate B_gen responses with B_gen in flight: the collection time per update
+    times B_gen / responses generated per update. Synchronous rollout generates B_gen = B_train
+    per update (factor 1); partial rollout keeps k * B_train in flight but harvests about
+    B_train per update, so an update's collection is about 1/k of one t_gen(B_gen)."""
+    t, b_gen, made = cost["collection_s_per_step"], run.batch_gen or run.batch, \
+        cost.get("generated_per_step")
+    if not (_fin(t) and t > 0 and b_gen):
+        return None
+    return t * b_gen / made if _fin(made) and made > 0 else t
+
+
 def step_time_model(runs: Sequence[Run], costs: dict, n_boot: int, rng, level: float,
                     min_gain: float, ref_batch: float | None) -> dict:
-    """Fits t_gen = d0 + d1 * B_gen and t_train = c + gamma * B over the runs (per-run median
-    step times), intervals by resampling runs. Critical generation batch: beyond it a doubling
+    """Fits t_gen = d0 + d1 * B_gen (`gen_seconds`: synchronous and partial-rollout runs
+    share one curve) and t_train = c + gamma * B_train over the runs (per-run median step
+    times), intervals by resampling runs. Critical generation batch: beyond it a doubling
     of B_gen gains < min_gain generation throughput, B = (1 - g) d0 / (2 g d1). r_q cap: the
     most a larger batch can gain in end-to-end throughput over ``ref_batch`` under both fits."""
-    rows = [(r.batch_gen or r.batch, costs[r.name]["collection_s_per_step"],
-             costs[r.name].get("train_s_per_step"), r.name) for r in runs
-            if (r.batch_gen or r.batch) and _fin(costs[r.name]["collection_s_per_step"])
-            and costs[r.name]["collection_s_per_step"] > 0]
+    rows = [(r.batch_gen or r.batch, gen_seconds(r, costs[r.name]),
+             costs[r.name].get("train_s_per_step"), r.batch or r.batch_gen, r.name)
+            for r in runs if gen_seconds(r, costs[r.name])]
     out = {"batch": None, "d0": None, "d1": None, "min_gain": min_gain,
            "metric": "gen_s" if any(costs[r.name]["collection_source"] == "gen_s" for r in runs)
            else "step time",
            "batch_kind": "batch_gen" if any(r.batch_gen for r in runs) else "batch_train",
+           "gen_batch_ratios": sorted({r.gen_batch_ratio for r in runs}),
            "points": []}
     if not rows:
         return out
-    b, tg, tt, names = zip(*rows)
-    b, tg = np.array(b, float), np.array(tg, float)
+    b, tg, tt, bt, names = zip(*rows)
+    b, tg, bt = np.array(b, float), np.array(tg, float), np.array(bt, float)
     by_b = collections.defaultdict(list)
     for bi, ti in zip(b, tg):
         by_b[bi].append(bi / ti)
@@ -450,9 +471,9 @@ def step_time_model(runs: Sequence[Run], costs: dict, n_boot: int, rng, level: f
                     f"(1 - g) d0 / (2 g d1)")
     tt = np.array([x if _fin(x) else np.nan for x in tt], float)
     ok = np.isfinite(tt)
-    if np.unique(b[ok]).size >= 2:
-        c, gamma = stats.fit_line(b[ok], tt[ok])
-        tboot = stats.bootstrap_line(b[ok], tt[ok], np.array(names)[ok], n_boot, rng)
+    if np.unique(bt[ok]).size >= 2:   # the update sees B_train responses, whatever B_gen
+        c, gamma = stats.fit_line(bt[ok], tt[ok])
+        tboot = stats.bootstrap_line(bt[ok], tt[ok], np.array(names)[ok], n_boot, rng)
         train = {"c": c, "gamma": gamma, "c_ci": _ci(tboot[:, 0], level),
                  "gamma_ci": _ci(tboot[:, 1], level)}
         if ref_batch:
@@ -472,8 +493,10 @@ def step_time_model(runs: Sequence[Run], costs: dict, n_boot: int, rng, level: f
 def grad_norm_slopes(runs: Sequence[Run], configs: dict, ref: dict, n_boot: int, rng,
                      level: float, flat_slope: float) -> dict:
     """log-log slope of the median actor / critic grad norm vs batch (reference's algo and lr
-    rule, over the response range every such run covers), with an interval over runs."""
-    pool = [r for r in runs if r.algo == ref["algo"] and r.lr_rule == ref["lr_rule"] and r.batch]
+    rule and gen_batch_ratio, over the response range every such run covers), with an interval
+    over runs."""
+    pool = [r for r in runs if r.algo == ref["algo"] and r.lr_rule == ref["lr_rule"] and r.batch
+            and r.gen_batch_ratio == ref.get("gen_batch_ratio", 1)]
     out = {}
     for key in ("actor_grad_norm", "critic_grad_norm"):
         ends = [r.train_series(key)[0] for r in pool]
@@ -541,6 +564,68 @@ def invariance(cfg_runs: list[Run], ref_runs: list[Run], reps: dict, rng, level:
             "mean_dev": float(np.mean(j - j0)), "grid": [float(lo), float(hi)]}
 
 
+ROLLOUT_KEYS = ("staleness_mean", "staleness_max", "off_policy_token_frac", "slot_occupancy")
+
+
+def rollout_means(runs: Sequence[Run]) -> dict:
+    """Seed mean of each run's mean partial-rollout record (staleness_max: the largest seen);
+    None where no run logs it."""
+    out = {}
+    for key in ROLLOUT_KEYS:
+        per = [v for v in (r.train_series(key)[1] for r in runs) if v.size]
+        if not per:
+            out[key] = None
+        elif key == "staleness_max":
+            out[key] = float(max(v.max() for v in per))
+        else:
+            out[key] = float(np.mean([v.mean() for v in per]))
+    return out
+
+
+def sync_twin(g: str, st: dict, configs: dict) -> str | None:
+    """The k = 1 config that differs from config g (k > 1) only in its rollout: same algo,
+    B_train, G and lr rule; the one named like g without its ``_k`` tag when several."""
+    if st.get("gen_batch_ratio", 1) == 1:
+        return None
+    key = lambda x: (x["algo"], x["batch"], x["group_size"], x["lr_rule"])
+    twins = [h for h, x in configs.items() if x.get("gen_batch_ratio", 1) == 1
+             and key(x) == key(st)]
+    if sio.strip_ratio(g) in twins:
+        return sio.strip_ratio(g)
+    return twins[0] if len(twins) == 1 else None
+
+
+def partial_rollout(configs: dict, creps: dict, groups: dict, reps: dict, rng,
+                    level: float) -> list[dict]:
+    """Partial rollout (B_gen = k * B_train) against its synchronous twin, per config with
+    k > 1: q, N* and T ratios (k-run / sync run) with the configs' seed-hierarchical bootstrap
+    replicates, a verdict from the T ratio's interval (as `config_stats` judges T/T0), the
+    learning curves against each other (stale tokens may cost samples) and the rollout
+    records' means."""
+    rows = []
+    for g, st in sorted(configs.items()):
+        h = sync_twin(g, st, configs)
+        if h is None:
+            continue
+        x0, a, b = configs[h], creps[g], creps[h]
+        both = bool(st["reached"] and x0["reached"])
+        point = lambda key: _or_none(stats.ratio(st[key], x0[key])) if _fin(st[key]) and _fin(
+            x0[key]) else None
+        t_ci = _ci(stats.ratio(a["T"], b["T"]), level)
+        rows.append({
+            "config": g, "sync_config": h, "algo": st["algo"], "batch": st["batch"],
+            "batch_gen": st["batch_gen"], "gen_batch_ratio": st["gen_batch_ratio"],
+            "reached": both, "q_ratio": point("q"),
+            "q_ratio_ci": _ci(stats.ratio(a["q"], b["q"]), level),
+            "r_N": point("N_star") if both else None,
+            "r_N_ci": _ci(stats.ratio(a["N"], b["N"]), level),
+            "T_ratio": point("T") if both else None,
+            "T_ratio_ci": t_ci, "verdict": _verdict(both, t_ci),
+            "curves": invariance(groups[g], groups[h], reps, rng, level),
+            **{k: st.get(k) for k in ROLLOUT_KEYS}})
+    return rows
+
+
 def clip_fraction(run: Run) -> float | None:
     """Share of updates whose pre-clip actor grad norm exceeded max_grad_norm."""
     lim = sio.config_get(run.config, "max_grad_norm")
@@ -601,6 +686,7 @@ def analyze_runs(runs: Sequence[Run], target: Any = "auto", reference: str | Non
         per_run[r.name], reps[r.name] = run_stats(r, t, n_boot, rng, ci_level)
         per_run[r.name].update(group=r.group, seed=r.seed, lr_rule=r.lr_rule, algo=r.algo,
                                batch_source=r.batch_source, batch_gen=r.batch_gen,
+                               gen_batch_ratio=r.gen_batch_ratio,
                                target=t, clip_fraction=clip_fraction(r))
     configs, creps = config_stats(groups, per_run, reps, refs, rng, ci_level)
     costs = {r.name: step_costs(r) for r in runs}
@@ -612,6 +698,7 @@ def analyze_runs(runs: Sequence[Run], target: Any = "auto", reference: str | Non
             st[k] = float(np.mean(v)) if v else None
         cf = [per_run[r.name]["clip_fraction"] for r in rs if _fin(per_run[r.name]["clip_fraction"])]
         st["clip_fraction"] = float(np.mean(cf)) if cf else None
+        st.update(rollout_means(rs))
         for who in ("actor", "critic"):
             ns = [snoise.noise_scale_from_run(r, who) for r in rs]
             bs = [z["b_simple"] for z in ns if z and _fin(z["b_simple"])]
@@ -668,6 +755,8 @@ def analyze_runs(runs: Sequence[Run], target: Any = "auto", reference: str | Non
                 [r for r in runs if (r.algo or "?") == algo], costs, n_boot, rng, ci_level,
                 min_gain, ref.get("batch")),
         }
+    # Last: its bootstrap draws must not move the numbers above.
+    partial = partial_rollout(configs, creps, groups, reps, rng, ci_level)
     p = per_algo[primary]
     cgb = p["critical_generation_batch"]
     return {
@@ -694,6 +783,7 @@ def analyze_runs(runs: Sequence[Run], target: Any = "auto", reference: str | Non
         "critical_training_batch": p["critical_training_batch"],
         "critical_generation_batch": cgb,
         "grad_norm": p["grad_norm"],
+        "partial_rollout": partial,
         "tolerance": tolerance,
         "n_boot": n_boot,
         "skipped": list(skipped),
@@ -709,8 +799,10 @@ def analyze_sweep(sweep_dir: str | None, target: Any = "auto", reference: str | 
     Keys: the uncertainty contract of docs/API.md (ci_level, eval_se, signal_to_noise,
     reference_config(s), configs {N_star(_ci), q(_ci), r_N(_ci), r_q(_ci), T_over_T0(_ci),
     verdict, ...}, best_set, critical_training_batch, critical_generation_batch) plus runs
-    {name: {N_star, q, r_N, r_q, T_over_T0, reached, ...}}, grad-norm slopes, skipped dirs
-    and warnings. Raises AnalysisError naming the problem.
+    {name: {N_star, q, r_N, r_q, T_over_T0, reached, ...}}, grad-norm slopes, partial_rollout
+    [{config, sync_config, gen_batch_ratio, q_ratio(_ci), r_N(_ci), T_ratio(_ci), verdict,
+    ...}] (empty without k > 1 configs), skipped dirs and warnings. Raises AnalysisError naming
+    the problem.
     """
     target = parse_target(target)
     runs, skipped = [], []

@@ -22,6 +22,7 @@ METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
 
 _SEED_RE = re.compile(r"[_\-.](?:s|seed)(\d+)$")
+_RATIO_RE = re.compile(r"_k(\d+)$")   # the sweep's gen_batch_ratio tag (k != 1 only)
 
 
 @dataclasses.dataclass
@@ -30,6 +31,8 @@ class Run:
 
     ``batch`` is retained responses per optimizer update (GRPO P*G, PPO P);
     ``batch_source`` says where it came from ("config", "increments" or "" when unknown).
+    ``gen_batch_ratio`` k = B_gen / B_train (1: synchronous rollout; k > 1: asynchronous
+    partial rollout with k * B_train sequences in flight).
     """
     name: str
     train: list[dict]
@@ -39,6 +42,7 @@ class Run:
     batch: float | None = None
     batch_source: str = ""
     batch_gen: float | None = None
+    gen_batch_ratio: float = 1
     lr_rule: str | None = None
     algo: str | None = None
     seed: int | None = None
@@ -93,6 +97,12 @@ def strip_seed(name: str) -> str:
     return _SEED_RE.sub("", name)
 
 
+def strip_ratio(group: str) -> str:
+    """Config name without a gen_batch_ratio tag: ``grpo_P64_G8_sqrt_k2`` -> ``grpo_P64_G8_sqrt``
+    (the name of its synchronous twin in a sweep)."""
+    return _RATIO_RE.sub("", group)
+
+
 def seed_from_name(name: str) -> int | None:
     m = _SEED_RE.search(name)
     return int(m.group(1)) if m else None
@@ -121,6 +131,15 @@ def batch_from_config(config: dict) -> float | None:
         if isinstance(algo, str) and algo.lower() == "ppo":
             return float(p)
     return None
+
+
+def gen_batch_ratio(config: dict, batch: float | None, batch_gen: float | None) -> float:
+    """k from config.json ``gen_batch_ratio``, else B_gen / B_train, else 1 (synchronous);
+    an int when whole."""
+    k = config_get(config, "gen_batch_ratio")
+    if not (_is_num(k) and k > 0):
+        k = batch_gen / batch if _is_num(batch_gen) and _is_num(batch) and batch > 0 else 1
+    return int(round(k)) if abs(k - round(k)) < 1e-9 else float(k)
 
 
 def batch_from_increments(train: list[dict]) -> float | None:
@@ -188,6 +207,7 @@ def make_run(name: str, records: Iterable[dict], config: dict | None = None,
         bgs = [r["batch_gen"] for r in train if _is_num(r.get("batch_gen"))]
         bg = float(np.median(bgs)) if bgs else None
     run.batch_gen = float(bg) if _is_num(bg) else None
+    run.gen_batch_ratio = gen_batch_ratio(config, run.batch, run.batch_gen)
 
     # Top level only: a nested "name" is usually the model's or the dataset's.
     cname = config.get("name") or config.get("run_name")
@@ -198,8 +218,16 @@ def make_run(name: str, records: Iterable[dict], config: dict | None = None,
     run.algo = algo.lower() if isinstance(algo, str) else None
     seed = config_get(config, "seed")
     run.seed = int(seed) if _is_num(seed) else seed_from_name(name)
-    run.group = strip_seed(cname)
+    run.group = _with_ratio(strip_seed(cname), run.gen_batch_ratio)
     return run
+
+
+def _with_ratio(group: str, k: float) -> str:
+    """A k != 1 run never shares a group with the synchronous seeds of its config: the sweep's
+    names carry ``_k<k>`` already; other names get it."""
+    if k == 1 or _RATIO_RE.search(group):
+        return group
+    return f"{group}_k{k:g}"
 
 
 def read_jsonl(path: str) -> tuple[list[dict], int]:

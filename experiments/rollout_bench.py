@@ -1,0 +1,178 @@
+r"""Synchronous vs asynchronous partial rollout at equal B_train, measured side by side.
+
+Two settings, each run as alternating rounds of sync (gen_batch_ratio 1) and partial
+(gen_batch_ratio --ratio, max_staleness ratio - 1), so every ratio compares measurements taken
+minutes apart on the same machine state:
+
+  rl_cpu  the full GRPO loop (experiment.train.Run: rollout, rewards, update) on the built-in
+          task, from --init_checkpoint (e.g. the SFT warm-start; random init if empty);
+          sync uses `generate`, partial the slot engine.
+  small   rollout only (the ~29M `small` preset, random init, --small_updates: the policy
+          version advances as if updates happened, params fixed), responses of varied length:
+          each prompt group gets a length cap drawn from a long tail (lognormal, median
+          --small_median tokens, capped at --small_max_new); sync is the slot engine at ratio 1
+          (the same tokens as `generate`), so only the scheduling differs.
+
+Per setting and mode, medians over rounds of: retained responses/s (rl_cpu: responses / loop
+time; small: responses / rollout time), rollout and update seconds per step, decode steps per
+update, slot occupancy (mean live fraction of the B_gen slots per decode step), live rows per
+decode step, staleness mean/max and the off-policy token fraction; plus the per-round ratio
+partial / sync of responses/s.
+
+    python experiments/rollout_bench.py                       # both settings, ~10 min on 2 cores
+    python experiments/rollout_bench.py --settings=small --rounds=3
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("settings", ["rl_cpu", "small"], "Which settings to run.")
+flags.DEFINE_integer("ratio", 2, "gen_batch_ratio k of the partial mode.")
+flags.DEFINE_integer("rounds", 3, "Rounds per mode (alternating sync / partial).")
+flags.DEFINE_integer("prompts", 32, "rl_cpu: prompts per step P.")
+flags.DEFINE_integer("group", 8, "rl_cpu: samples per prompt G.")
+flags.DEFINE_integer("steps", 10, "rl_cpu: GRPO steps per round.")
+flags.DEFINE_integer("discard", 2, "rl_cpu: leading steps of a round left out (warm-up).")
+flags.DEFINE_string("init_checkpoint", "", "rl_cpu: orbax params to start from (SFT).")
+flags.DEFINE_integer("small_prompts", 16, "small: prompts per update P.")
+flags.DEFINE_integer("small_group", 4, "small: samples per prompt G.")
+flags.DEFINE_integer("small_updates", 4, "small: updates per round.")
+flags.DEFINE_integer("small_max_new", 128, "small: response cap N.")
+flags.DEFINE_float("small_median", 16.0, "small: median response length of the long tail.")
+flags.DEFINE_integer("seed", 0, "Seed.")
+flags.DEFINE_string("json_out", "results/rollout_bench.json", "Where to write the figures.")
+
+MODES = ("sync", "partial")
+
+
+def _med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def _rl_cpu_round(mode: str) -> dict:
+    from jaxrl_scale.experiment.config import TrainConfig
+    from jaxrl_scale.experiment.train import Run
+    k = FLAGS.ratio if mode == "partial" else 1
+    cfg = TrainConfig.make(prompts_per_step=FLAGS.prompts, group_size=FLAGS.group,
+                           init_checkpoint=FLAGS.init_checkpoint, gen_batch_ratio=k,
+                           seed=FLAGS.seed, eval_prompts=1, run_dir="/tmp/rollout_bench")
+    run = Run(cfg)
+    run.compile()
+    recs, times = [], []
+    for step in range(1, FLAGS.steps + 1):
+        t0 = time.perf_counter()
+        rec = run.train_step(step)
+        times.append(time.perf_counter() - t0)
+        recs.append(rec)
+    kept, kt = recs[FLAGS.discard:], times[FLAGS.discard:]
+    live = [r.get("slot_occupancy", None) for r in kept]
+    return {"responses_per_s": sum(r["retained"] for r in kept) / sum(kt),
+            "rollout_s": _med([r["gen_s"] for r in kept]),
+            "update_s": _med([r.get("update_s") for r in kept]),
+            "response_len": _med([r["response_len"] for r in kept]),
+            "decode_steps": _med([r.get("decode_steps") for r in kept]),
+            "slot_occupancy": _med(live),
+            "staleness_mean": _med([r.get("staleness_mean", 0.0) for r in kept]),
+            "staleness_max": max(r.get("staleness_max", 0) for r in kept),
+            "off_policy_token_frac": _med([r.get("off_policy_token_frac", 0.0) for r in kept]),
+            "batch_gen": cfg.batch_gen, "batch_train": cfg.batch_train}
+
+
+_SMALL = {}
+
+
+def _small_round(mode: str, round_index: int) -> dict:
+    import jax
+    import numpy as np
+    from jaxrl_scale.models import get_config, init_params
+    from jaxrl_scale.rl.partial import PartialRollout, staleness_metrics
+    from jaxrl_scale.sampling.engine import SlotEngine
+    if not _SMALL:
+        cfg = get_config("small")
+        _SMALL.update(cfg=cfg, params=init_params(cfg, FLAGS.seed))
+    cfg, params = _SMALL["cfg"], _SMALL["params"]
+    P, G, N = FLAGS.small_prompts, FLAGS.small_group, FLAGS.small_max_new
+    k = FLAGS.ratio if mode == "partial" else 1
+    rng = np.random.default_rng([FLAGS.seed, round_index])   # same lengths for both modes
+
+    def next_example():
+        cap = int(min(N, max(1, round(np.exp(rng.normal(np.log(FLAGS.small_median), 1.0))))))
+        prompt = list(map(int, rng.integers(3, cfg.vocab_size, size=16)))
+        return {"prompt": prompt, "cap": cap}
+
+    eng = SlotEngine(cfg, slots=k * P * G, prompt_len=16, max_new_tokens=N, eos_id=None,
+                     pad_id=0, steps_per_call=8)
+    eng.warm(params, range(G, k * P * G + 1, G))
+    pr = PartialRollout(eng, next_example, lambda p: p, prompts_per_step=P, group_size=G,
+                        max_staleness=k - 1, limit_fn=lambda ex: ex["cap"])
+    pr.next_batch(params, version=0, seed=0)     # warm-up update, not timed
+    out, t = [], 0.0
+    for v in range(1, FLAGS.small_updates + 1):
+        t0 = time.perf_counter()
+        b = pr.next_batch(params, version=v, seed=jax.random.PRNGKey(v))
+        t += time.perf_counter() - t0
+        out.append({**b, **staleness_metrics(b["versions_BM"], b["lengths_B"], v)})
+    n = sum(len(b["lengths_B"]) for b in out)
+    occ = [b["slot_occupancy"] for b in out if b["decode_steps"]]
+    return {"responses_per_s": n / t, "rollout_s": t / len(out),
+            "response_len": float(np.mean([b["lengths_B"].mean() for b in out])),
+            "decode_steps": _med([b["decode_steps"] for b in out]),
+            "slot_occupancy": _med(occ),
+            "live_rows_per_step": _med(occ) * k * P * G if occ else None,
+            "staleness_mean": _med([b["staleness_mean"] for b in out]),
+            "staleness_max": max(b["staleness_max"] for b in out),
+            "off_policy_token_frac": _med([b["off_policy_token_frac"] for b in out]),
+            "batch_gen": k * P * G, "batch_train": P * G}
+
+
+def _print(setting: str, rounds: dict) -> dict:
+    keys = [k for k in rounds["sync"][0] if k not in ("batch_gen", "batch_train")]
+    summary = {m: {key: _med([r[key] for r in rounds[m]]) for key in keys} for m in MODES}
+    ratios = [p["responses_per_s"] / s["responses_per_s"]
+              for s, p in zip(rounds["sync"], rounds["partial"])]
+    summary["ratio_responses_per_s"] = {"median": statistics.median(ratios), "rounds": ratios}
+    print(f"\n== {setting}: B_train {rounds['sync'][0]['batch_train']}, B_gen sync "
+          f"{rounds['sync'][0]['batch_gen']} / partial {rounds['partial'][0]['batch_gen']} "
+          f"(medians over {len(ratios)} rounds)")
+    print(f"{'':26s}{'sync':>12s}{'partial':>12s}")
+    for key in keys:
+        a, b = summary["sync"][key], summary["partial"][key]
+        fmt = lambda x: "-" if x is None else f"{x:12.4g}"
+        print(f"{key:26s}{fmt(a)}{fmt(b)}")
+    print(f"responses/s partial/sync per round: {', '.join(f'{r:.2f}' for r in ratios)}")
+    return summary
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)
+    bad = set(FLAGS.settings) - {"rl_cpu", "small"}
+    if bad or FLAGS.ratio < 2 or FLAGS.rounds < 1 or FLAGS.discard >= FLAGS.steps:
+        raise SystemExit("error: --settings must be rl_cpu/small, --ratio >= 2, --rounds >= 1, "
+                         "--discard < --steps.")
+    results = {"host": platform.node(), "argv": " ".join(os.sys.argv), "settings": {}}
+    for setting in FLAGS.settings:
+        rounds = {m: [] for m in MODES}
+        for i in range(FLAGS.rounds):
+            for m in (MODES if i % 2 == 0 else MODES[::-1]):
+                r = _rl_cpu_round(m) if setting == "rl_cpu" else _small_round(m, i)
+                rounds[m].append(r)
+                print(f"[{setting} round {i} {m}] {r['responses_per_s']:.1f} responses/s",
+                      flush=True)
+        results["settings"][setting] = {"rounds": rounds, "summary": _print(setting, rounds)}
+    os.makedirs(os.path.dirname(FLAGS.json_out) or ".", exist_ok=True)
+    with open(FLAGS.json_out, "w") as f:
+        json.dump(results, f, indent=2, default=float)
+    print(f"\nwrote {FLAGS.json_out}")
+
+
+if __name__ == "__main__":
+    app.run(main)

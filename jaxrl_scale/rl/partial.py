@@ -1,0 +1,151 @@
+"""Asynchronous partial rollout: B_gen = k * B_train sequences in flight, updates on B_train.
+
+Host-side orchestration of `sampling.engine.SlotEngine` (one update's batch per `next_batch`):
+- prompts are admitted as whole groups of G (GRPO's group shares one prompt) into free slots,
+  in stream order;
+- an update takes the P oldest admitted groups once all their rows are done (oldest-first,
+  strictly in admission order): no row is dropped or deferred for being slow, so the trained
+  data has exactly the length distribution of the completed rollouts;
+- staleness control: a group is admitted only while fewer than (max_staleness + 1) * P groups
+  wait for their update. A group admitted with n groups ahead of it is trained n // P updates
+  later, so every token it holds was sampled at most max_staleness policy versions before
+  the update that learns from it. The bound pauses admission; it never drops work;
+- rows still decoding when an update lands continue under the new weights. Their KV cache is
+  kept (the cached prefix was computed by the old weights), or, with recompute_kv, rebuilt
+  under the new weights before decoding resumes. Either way each token keeps the log-prob of
+  the distribution it was actually sampled from and the version that sampled it, which is what
+  the decoupled objective needs (rl/losses.policy_loss with prox_logp_BT).
+
+k = 1 with max_staleness = 0 admits one batch, decodes it to the end and trains: the
+synchronous rollout, and (engine reset to `generate`'s layout and seed every round) the same
+tokens and log-probs as `generate`.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from jaxrl_scale.sampling.engine import SlotEngine
+
+
+@dataclasses.dataclass
+class _Group:
+    example: dict
+    prompt: list[int]
+    live: set                         # slots still decoding
+    rows: dict                        # row index in group -> finished row (dict of numpy)
+    slot_row: dict                    # slot -> row index
+
+
+class PartialRollout:
+    """Groups in flight between updates. next_examples() -> the next example of the stream."""
+
+    def __init__(self, engine: SlotEngine, next_example: Callable[[], dict],
+                 encode: Callable[[str], Sequence[int]], *, prompts_per_step: int,
+                 group_size: int, max_staleness: int, recompute_kv: bool = False,
+                 limit_fn: Callable[[dict], int] | None = None):
+        self.engine, self.next_example, self.encode = engine, next_example, encode
+        self.P, self.G, self.s = int(prompts_per_step), int(group_size), int(max_staleness)
+        if engine.B < self.P * self.G:
+            raise ValueError(f"PartialRollout: {engine.B} slots cannot hold one batch of "
+                             f"{self.P} x {self.G} rows.")
+        self.recompute_kv, self.limit_fn = bool(recompute_kv), limit_fn
+        self.pending: collections.deque[_Group] = collections.deque()
+        self.slot_group: dict[int, _Group] = {}
+        self._params_version = None
+
+    @property
+    def waiting(self) -> int:
+        """Groups admitted and not yet trained (their examples are re-read after a resume)."""
+        return len(self.pending)
+
+    def _can_admit(self) -> bool:
+        return len(self.pending) < (self.s + 1) * self.P and \
+            self.engine.free_slots().size >= self.G
+
+    def _admit(self, params, version: int) -> None:
+        groups, slots = [], []
+        free = list(self.engine.free_slots())
+        while len(self.pending) + len(groups) < (self.s + 1) * self.P and len(free) >= self.G:
+            ex = self.next_example()
+            take, free = free[:self.G], free[self.G:]
+            g = _Group(example=ex, prompt=list(self.encode(ex["prompt"])), live=set(take),
+                       rows={}, slot_row={s: i for i, s in enumerate(take)})
+            groups.append(g)
+            slots += take
+        if not groups:
+            return
+        prompts = [g.prompt for g in groups for _ in range(self.G)]
+        limits = None if self.limit_fn is None else \
+            [self.limit_fn(g.example) for g in groups for _ in range(self.G)]
+        self.engine.admit(params, prompts, slots, version=version, limits=limits)
+        for g in groups:
+            self.pending.append(g)
+            for s in g.live:
+                self.slot_group[s] = g
+
+    def _harvest(self, out: dict) -> None:
+        for j, s in enumerate(out["slots"]):
+            g = self.slot_group.pop(int(s))
+            g.rows[g.slot_row[int(s)]] = {k: out[k][j] for k in
+                                          ("tokens", "logprobs", "versions", "lengths")}
+            g.live.discard(int(s))
+
+    def next_batch(self, params, *, version: int, seed) -> dict[str, Any]:
+        """Decode until the P oldest groups are done; pop them as one prompt-major batch.
+
+        version: the policy version of `params` (updates so far); seed: this round's sampling
+        key (applied at step 0 of the round). Returns examples [P], prompts [P*G] and numpy
+        tokens_BM, logprobs_BM, versions_BM, lengths_B (B = P*G rows, M = max_new_tokens),
+        plus slot_occupancy and decode_steps of the round.
+        """
+        eng = self.engine
+        if not eng.live.any():
+            eng.reset(seed)             # an empty engine starts at generate's layout
+        else:
+            eng.reseed(seed)
+            if self.recompute_kv and self._params_version not in (None, version):
+                eng.rebuild(params, {s: g.prompt for s, g in self.slot_group.items()})
+        self._params_version = version
+        eng.take_occupancy()
+        while True:
+            if self._can_admit():
+                self._admit(params, version)
+            head = list(self.pending)[:self.P]
+            if len(head) == self.P and not any(g.live for g in head):
+                break
+            watch = np.zeros((eng.B,), bool)
+            for g in head:
+                watch[list(g.live)] = True
+            refill = self.G if len(self.pending) < (self.s + 1) * self.P else None
+            if not eng.live.any():
+                raise RuntimeError("PartialRollout: nothing is decoding and the batch is "
+                                   "incomplete (admission is blocked).")
+            self._harvest(eng.advance(params, version=version, watch=watch, refill_at=refill))
+        groups = [self.pending.popleft() for _ in range(self.P)]
+        rows = [g.rows[i] for g in groups for i in range(self.G)]
+        occupancy, steps = eng.take_occupancy()
+        stack = lambda k: np.stack([r[k] for r in rows])
+        return {"examples": [g.example for g in groups],
+                "prompts": [g.prompt for g in groups for _ in range(self.G)],
+                "tokens_BM": stack("tokens"), "logprobs_BM": stack("logprobs"),
+                "versions_BM": stack("versions"), "lengths_B": stack("lengths"),
+                "slot_occupancy": occupancy, "decode_steps": steps}
+
+
+def staleness_metrics(versions_BM: np.ndarray, lengths_B: np.ndarray, version: int
+                      ) -> dict[str, float]:
+    """Policy versions between sampling and this update, over the batch's response tokens
+    (docs/API.md, "Rollout fields")."""
+    mask_BM = np.arange(versions_BM.shape[1])[None, :] < np.asarray(lengths_B)[:, None]
+    lag = (version - np.asarray(versions_BM))[mask_BM]
+    if not lag.size:
+        return {"staleness_mean": 0.0, "staleness_max": 0, "off_policy_token_frac": 0.0}
+    return {"staleness_mean": float(lag.mean()), "staleness_max": int(lag.max()),
+            "off_policy_token_frac": float((lag > 0).mean())}
+
+
+__all__ = ["PartialRollout", "staleness_metrics"]
