@@ -1,8 +1,9 @@
 r"""Synchronous vs asynchronous partial rollout at equal B_train, measured side by side.
 
-Two settings, each run as alternating rounds of sync (gen_batch_ratio 1) and partial
-(gen_batch_ratio --ratio, max_staleness ratio - 1), so every ratio compares measurements taken
-minutes apart on the same machine state:
+Two settings, each run as rotating rounds of sync (gen_batch_ratio 1), partial
+(gen_batch_ratio --ratio, max_staleness ratio - 1, in-flight KV caches kept across updates) and
+partial_rkv (the same with --recompute_kv: in-flight caches rebuilt under the new weights), so
+every ratio compares measurements taken minutes apart on the same machine state:
 
   rl_cpu  the full GRPO loop (experiment.train.Run: rollout, rewards, update) on the built-in
           task, from --init_checkpoint (e.g. the SFT warm-start; random init if empty);
@@ -49,7 +50,7 @@ flags.DEFINE_float("small_median", 16.0, "small: median response length of the l
 flags.DEFINE_integer("seed", 0, "Seed.")
 flags.DEFINE_string("json_out", "results/rollout_bench.json", "Where to write the figures.")
 
-MODES = ("sync", "partial")
+MODES = ("sync", "partial", "partial_rkv")   # partial_rkv: --recompute_kv after every update
 
 
 def _med(xs):
@@ -60,9 +61,10 @@ def _med(xs):
 def _rl_cpu_round(mode: str) -> dict:
     from jaxrl_scale.experiment.config import TrainConfig
     from jaxrl_scale.experiment.train import Run
-    k = FLAGS.ratio if mode == "partial" else 1
+    k = 1 if mode == "sync" else FLAGS.ratio
     cfg = TrainConfig.make(prompts_per_step=FLAGS.prompts, group_size=FLAGS.group,
                            init_checkpoint=FLAGS.init_checkpoint, gen_batch_ratio=k,
+                           recompute_kv=mode == "partial_rkv",
                            seed=FLAGS.seed, eval_prompts=1, run_dir="/tmp/rollout_bench")
     run = Run(cfg)
     run.compile()
@@ -73,7 +75,7 @@ def _rl_cpu_round(mode: str) -> dict:
         times.append(time.perf_counter() - t0)
         recs.append(rec)
     kept, kt = recs[FLAGS.discard:], times[FLAGS.discard:]
-    live = [r.get("slot_occupancy", None) for r in kept]
+    live = [r["slot_occupancy"] for r in kept if r.get("decode_steps")]
     return {"responses_per_s": sum(r["retained"] for r in kept) / sum(kt),
             "rollout_s": _med([r["gen_s"] for r in kept]),
             "update_s": _med([r.get("update_s") for r in kept]),
@@ -100,7 +102,7 @@ def _small_round(mode: str, round_index: int) -> dict:
         _SMALL.update(cfg=cfg, params=init_params(cfg, FLAGS.seed))
     cfg, params = _SMALL["cfg"], _SMALL["params"]
     P, G, N = FLAGS.small_prompts, FLAGS.small_group, FLAGS.small_max_new
-    k = FLAGS.ratio if mode == "partial" else 1
+    k = 1 if mode == "sync" else FLAGS.ratio
     rng = np.random.default_rng([FLAGS.seed, round_index])   # same lengths for both modes
 
     def next_example():
@@ -110,9 +112,10 @@ def _small_round(mode: str, round_index: int) -> dict:
 
     eng = SlotEngine(cfg, slots=k * P * G, prompt_len=16, max_new_tokens=N, eos_id=None,
                      pad_id=0, steps_per_call=8)
-    eng.warm(params, range(G, k * P * G + 1, G))
+    rkv = mode == "partial_rkv"
+    eng.warm(params, range(G, k * P * G + 1, G), rebuild=rkv)
     pr = PartialRollout(eng, next_example, lambda p: p, prompts_per_step=P, group_size=G,
-                        max_staleness=k - 1, limit_fn=lambda ex: ex["cap"])
+                        max_staleness=k - 1, limit_fn=lambda ex: ex["cap"], recompute_kv=rkv)
     pr.next_batch(params, version=0, seed=0)     # warm-up update, not timed
     out, t = [], 0.0
     for v in range(1, FLAGS.small_updates + 1):
@@ -136,18 +139,19 @@ def _small_round(mode: str, round_index: int) -> dict:
 def _print(setting: str, rounds: dict) -> dict:
     keys = [k for k in rounds["sync"][0] if k not in ("batch_gen", "batch_train")]
     summary = {m: {key: _med([r[key] for r in rounds[m]]) for key in keys} for m in MODES}
-    ratios = [p["responses_per_s"] / s["responses_per_s"]
-              for s, p in zip(rounds["sync"], rounds["partial"])]
-    summary["ratio_responses_per_s"] = {"median": statistics.median(ratios), "rounds": ratios}
     print(f"\n== {setting}: B_train {rounds['sync'][0]['batch_train']}, B_gen sync "
           f"{rounds['sync'][0]['batch_gen']} / partial {rounds['partial'][0]['batch_gen']} "
-          f"(medians over {len(ratios)} rounds)")
-    print(f"{'':26s}{'sync':>12s}{'partial':>12s}")
+          f"(medians over {len(rounds['sync'])} rounds)")
+    print(f"{'':26s}" + "".join(f"{m:>12s}" for m in MODES))
+    fmt = lambda x: "-" if x is None else f"{x:12.4g}"
     for key in keys:
-        a, b = summary["sync"][key], summary["partial"][key]
-        fmt = lambda x: "-" if x is None else f"{x:12.4g}"
-        print(f"{key:26s}{fmt(a)}{fmt(b)}")
-    print(f"responses/s partial/sync per round: {', '.join(f'{r:.2f}' for r in ratios)}")
+        print(f"{key:26s}" + "".join(fmt(summary[m][key]) for m in MODES))
+    for m in MODES[1:]:
+        ratios = [p["responses_per_s"] / s["responses_per_s"]
+                  for s, p in zip(rounds["sync"], rounds[m])]
+        summary[f"ratio_responses_per_s_{m}"] = {"median": statistics.median(ratios),
+                                                 "rounds": ratios}
+        print(f"responses/s {m}/sync per round: {', '.join(f'{r:.2f}' for r in ratios)}")
     return summary
 
 
@@ -162,7 +166,7 @@ def main(argv):
     for setting in FLAGS.settings:
         rounds = {m: [] for m in MODES}
         for i in range(FLAGS.rounds):
-            for m in (MODES if i % 2 == 0 else MODES[::-1]):
+            for m in MODES[i % 3:] + MODES[:i % 3]:   # rotate the order between rounds
                 r = _rl_cpu_round(m) if setting == "rl_cpu" else _small_round(m, i)
                 rounds[m].append(r)
                 print(f"[{setting} round {i} {m}] {r['responses_per_s']:.1f} responses/s",

@@ -229,30 +229,34 @@ class SlotEngine:
                        for r in (True, False)}
         self._advance = jax.jit(functools.partial(_advance, sampling=sampling, eos_id=eos,
                                                   **static), donate_argnums=0)
-        self.state = _init_state(cfg, self.B, self.S, self.N, self.pad_id)
-        if self.spec is not None:
-            self.state = jax.device_put(self.state, self._shardings(self.state))
+        self.state = None
+        self._set(_init_state(cfg, self.B, self.S, self.N, self.pad_id))
         self.cache_column = self.T - 1   # host copy of state.cache.index
         self.live = np.zeros((self.B,), bool)
 
-    def _shardings(self, state):
-        rep = NamedSharding(self.mesh, P())
-        return jax.tree.map(lambda x: self.spec(x.ndim) if x.ndim and x.shape[0] == self.B
-                            else rep, state)
+    def _set(self, state: EngineState = None, **fields) -> None:
+        """Replace state fields from the host, placed as the jitted functions return them
+        under a mesh (slots split, the rest replicated): a host-made scalar would otherwise
+        change the input shardings and recompile every engine function."""
+        state = (self.state if state is None else state).replace(**fields)
+        if self.spec is not None:
+            rep = NamedSharding(self.mesh, P())
+            state = jax.device_put(state, jax.tree.map(
+                lambda x: self.spec(x.ndim) if x.ndim and x.shape[0] == self.B else rep, state))
+        self.state = state
 
     def reset(self, seed) -> None:
         """Empty every slot, reseed sampling (step 0) and put the ring at column T - 1, the
         column where `generate` starts decoding: a round that admits all slots at once then
         decodes exactly what `generate` gives for the same seed."""
-        self.state = self.state.replace(
-            live_B=jnp.zeros_like(self.state.live_B), rng=_key(seed),
-            step=jnp.zeros((), jnp.int32),
-            cache=self.state.cache.replace(index=jnp.asarray(self.T - 1, jnp.int32)))
+        self._set(live_B=jnp.zeros_like(self.state.live_B), rng=_key(seed),
+                  step=jnp.zeros((), jnp.int32),
+                  cache=self.state.cache.replace(index=jnp.asarray(self.T - 1, jnp.int32)))
         self.cache_column, self.live = self.T - 1, np.zeros((self.B,), bool)
 
     def reseed(self, seed) -> None:
         """A new sampling key (step 0) without touching the slots."""
-        self.state = self.state.replace(rng=_key(seed), step=jnp.zeros((), jnp.int32))
+        self._set(rng=_key(seed), step=jnp.zeros((), jnp.int32))
 
     def free_slots(self) -> np.ndarray:
         return np.flatnonzero(~self.live)
@@ -345,8 +349,7 @@ class SlotEngine:
     def take_occupancy(self) -> tuple[float, int]:
         """(mean live-slot fraction per decode step, steps) since the last call; resets."""
         total, steps = jax.device_get((self.state.live_sum, self.state.steps_run))
-        self.state = self.state.replace(live_sum=jnp.zeros((), jnp.float32),
-                                        steps_run=jnp.zeros((), jnp.int32))
+        self._set(live_sum=jnp.zeros((), jnp.float32), steps_run=jnp.zeros((), jnp.int32))
         return (float(total) / steps if steps else float("nan")), int(steps)
 
     def _layers(self, params):
