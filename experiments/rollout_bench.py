@@ -14,6 +14,10 @@ every ratio compares measurements taken minutes apart on the same machine state:
           --small_median tokens, capped at --small_max_new); sync is the slot engine at ratio 1
           (the same tokens as `generate`), so only the scheduling differs.
 
+  engine_vs_generate  the decode cost itself: one full round (every row --small_max_new
+          tokens, EOS off) of --small_prompts x --small_group rows on `small`, the slot engine
+          (one ring of cache columns) vs `generate` (phased cache chunks), alternating.
+
 Per setting and mode, medians over rounds of: retained responses/s (rl_cpu: responses / loop
 time; small: responses / rollout time), rollout and update seconds per step, decode steps per
 update, slot occupancy (mean live fraction of the B_gen slots per decode step), live rows per
@@ -34,7 +38,8 @@ import time
 from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("settings", ["rl_cpu", "small"], "Which settings to run.")
+flags.DEFINE_list("settings", ["rl_cpu", "small", "engine_vs_generate"],
+                  "Which settings to run.")
 flags.DEFINE_integer("ratio", 2, "gen_batch_ratio k of the partial mode.")
 flags.DEFINE_integer("rounds", 3, "Rounds per mode (alternating sync / partial).")
 flags.DEFINE_integer("prompts", 32, "rl_cpu: prompts per step P.")
@@ -136,6 +141,45 @@ def _small_round(mode: str, round_index: int) -> dict:
             "batch_gen": k * P * G, "batch_train": P * G}
 
 
+def _engine_vs_generate() -> dict:
+    import jax
+    import numpy as np
+    from jaxrl_scale.models import get_config, init_params
+    from jaxrl_scale.sampling import generate
+    from jaxrl_scale.sampling.engine import SlotEngine
+    cfg = get_config("small")
+    params = init_params(cfg, FLAGS.seed)
+    B, N = FLAGS.small_prompts * FLAGS.small_group, FLAGS.small_max_new
+    rng = np.random.default_rng(FLAGS.seed)
+    prompts = [list(map(int, rng.integers(3, cfg.vocab_size, 16))) for _ in range(B)]
+    eng = SlotEngine(cfg, slots=B, prompt_len=16, max_new_tokens=N, eos_id=None, pad_id=0,
+                     steps_per_call=N)
+
+    def engine_round():
+        eng.reset(0)
+        eng.admit(params, prompts, range(B))
+        eng.advance(params)
+        jax.block_until_ready(eng.state.tokens_BN)
+
+    def generate_round():
+        jax.block_until_ready(generate(cfg, params, prompts, max_new_tokens=N, eos_id=None,
+                                       pad_id=0).tokens)
+
+    times = {"engine": [], "generate": []}
+    for i in range(FLAGS.rounds + 1):          # round 0 compiles: not kept
+        for name, fn in (("engine", engine_round), ("generate", generate_round)):
+            t0 = time.perf_counter()
+            fn()
+            if i:
+                times[name].append(time.perf_counter() - t0)
+    out = {k: statistics.median(v) for k, v in times.items()}
+    out["engine_over_generate"] = out["engine"] / out["generate"]
+    print(f"\n== engine_vs_generate: small, B={B}, {N} tokens per row: engine "
+          f"{out['engine']:.2f} s, generate {out['generate']:.2f} s per round (medians of "
+          f"{FLAGS.rounds}); engine / generate {out['engine_over_generate']:.2f}")
+    return {"rounds": times, "summary": out}
+
+
 def _print(setting: str, rounds: dict) -> dict:
     keys = [k for k in rounds["sync"][0] if k not in ("batch_gen", "batch_train")]
     summary = {m: {key: _med([r[key] for r in rounds[m]]) for key in keys} for m in MODES}
@@ -158,12 +202,15 @@ def _print(setting: str, rounds: dict) -> dict:
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    bad = set(FLAGS.settings) - {"rl_cpu", "small"}
+    bad = set(FLAGS.settings) - {"rl_cpu", "small", "engine_vs_generate"}
     if bad or FLAGS.ratio < 2 or FLAGS.rounds < 1 or FLAGS.discard >= FLAGS.steps:
-        raise SystemExit("error: --settings must be rl_cpu/small, --ratio >= 2, --rounds >= 1, "
+        raise SystemExit("error: --settings must be rl_cpu/small/engine_vs_generate, --ratio >= 2, --rounds >= 1, "
                          "--discard < --steps.")
     results = {"host": platform.node(), "argv": " ".join(os.sys.argv), "settings": {}}
     for setting in FLAGS.settings:
+        if setting == "engine_vs_generate":
+            results["settings"][setting] = _engine_vs_generate()
+            continue
         rounds = {m: [] for m in MODES}
         for i in range(FLAGS.rounds):
             for m in MODES[i % 3:] + MODES[:i % 3]:   # rotate the order between rounds

@@ -417,6 +417,17 @@ def test_decoupled_objective_in_the_step(params):
         lambda a, b: a - b, jax.grad(lambda p: _surrogate(p, batch, mask_BS, prox[:, 1:]))(params),
         jax.grad(lambda p: _surrogate(p, batch, mask_BS, None))(params))
     assert tree_diff(delta, ref_delta) <= 1e-4 * tree_norm(ref_delta)
+    # LossConfig.decoupled without prox_logp_BT: the proximal policy is the params being
+    # updated, the same as scoring them first and passing the scores as prox.
+    scored = steps.score_tokens(CFG, params, batch.tokens_BT, batch.valid_BT,
+                                temperature=LOSS_CFG.temperature)
+    scored = jnp.where(batch.loss_mask_BT, scored, 0.0)
+    g_scored = _grpo_fn(1)(new_state(params), batch.replace(prox_logp_BT=scored))
+    g_auto = _grpo_fn(1, dataclasses.replace(LOSS_CFG, decoupled=True))(new_state(params), batch)
+    assert tree_diff(g_auto[1]["actor_grads"], g_scored[1]["actor_grads"]) <= \
+        1e-5 * tree_norm(g_scored[1]["actor_grads"])
+    np.testing.assert_allclose(g_auto[1]["ratio_mean"], 1.0, rtol=1e-6)
+    assert tree_diff(g_auto[1]["actor_grads"], plain) > 1e-4 * tree_norm(plain)
 
 
 def _surrogate(p, batch, mask_BS, prox_BS):

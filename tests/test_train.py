@@ -351,8 +351,7 @@ def test_partial_rollout_run_trains_on_b_train_and_resumes(tmp_path, data_dir, m
     cfg = tiny_cfg(tmp_path / "k2", data_dir, gen_batch_ratio=2, max_steps=4, eval_every=4,
                    checkpoint_every=2)
     assert cfg.batch_gen == 32 and cfg.staleness_bound == 1
-    run = Run(cfg)
-    assert run.use_prox and run.partial.engine.B == 32
+    assert cfg.loss.decoupled and not tiny_cfg(tmp_path, data_dir).loss.decoupled
     out = run_training(cfg, progress=False, stop_after_steps=2)
     assert not out["finished"]
     out = run_training(cfg, progress=False)

@@ -96,13 +96,15 @@ class TrainConfig:
     mesh_tensor: int = 1
 
     # (sub-config, field) set from another field, so no flag or flat name of its own.
-    _HIDDEN_FLAGS: typing.ClassVar = (("loss", "temperature"),)
+    _HIDDEN_FLAGS: typing.ClassVar = (("loss", "temperature"), ("loss", "decoupled"))
 
     def __post_init__(self):
-        # Tokens are scored under the distribution they were sampled from.
-        if self.loss.temperature != self.sampling.temperature:
-            object.__setattr__(self, "loss", dataclasses.replace(
-                self.loss, temperature=self.sampling.temperature))
+        # Tokens are scored under the distribution they were sampled from, and tokens that
+        # may be stale (partial rollout) are learned from with the decoupled objective.
+        want = dict(temperature=self.sampling.temperature,
+                    decoupled=self.use_engine and self.staleness_bound > 0)
+        if any(getattr(self.loss, k) != v for k, v in want.items()):
+            object.__setattr__(self, "loss", dataclasses.replace(self.loss, **want))
 
     @property
     def batch_train(self) -> int:

@@ -4,7 +4,7 @@ KL term inside the jitted step, rl/steps.py) -> log -> eval -> checkpoint.
 Rollout: `generate` over the step's P prompts x G samples (synchronous), or, with
 gen_batch_ratio > 1 (or --rollout=engine), the next batch of the slot engine's asynchronous
 partial rollout (rl/partial.py: B_gen sequences in flight, the P oldest groups per update,
-staleness-bounded; the update is then decoupled PPO against the params before it).
+staleness-bounded; the update is then decoupled PPO: cfg.loss.decoupled).
 
 Everything a user can change is a TrainConfig field; this module is the only place where the
 pieces meet. Accounting (SCIENCE.md section 1):
@@ -130,21 +130,18 @@ class Run:
             self.step_fn = make_train_step(ppo_step, self.states, mesh=self.mesh, actor_tx=tx,
                                            critic_tx=ctx, actor_lr_fn=lr_fn,
                                            critic_lr_fn=clr_fn, **common)
-        # Log-probs of the batch under other params: the frozen KL reference (the initial
-        # policy, rebuilt the same way on resume) and, for off-policy rollouts, the proximal
-        # policy of decoupled PPO (the params before this update).
-        self.ref_params = self.score = None
-        self.use_prox = cfg.use_engine and cfg.staleness_bound > 0
-        if cfg.loss.kl_coef or self.use_prox:
+        # KL to a frozen reference: the initial policy (rebuilt the same way on resume).
+        # (Off-policy rollouts need no scoring pass: cfg.loss.decoupled, see LossConfig.)
+        self.ref_params = self.score_ref = None
+        if cfg.loss.kl_coef:
+            self.ref_params = jax.tree.map(jnp.copy, self.params)
             rows = shd.batch_sharding(self.mesh)
-            self.score = jax.jit(
+            self.score_ref = jax.jit(
                 functools.partial(score_tokens, self.model_cfg,
                                   temperature=cfg.sampling.temperature,
                                   micro_batches=cfg.micro_batches),
-                in_shardings=(state_shardings(self.mesh, self.params), rows, rows),
+                in_shardings=(state_shardings(self.mesh, self.ref_params), rows, rows),
                 out_shardings=rows)
-        if cfg.loss.kl_coef:
-            self.ref_params = jax.tree.map(jnp.copy, self.params)
         self.partial = None
         if cfg.use_engine:
             engine = SlotEngine(self.model_cfg, slots=cfg.batch_gen, prompt_len=self.prompt_len,
@@ -170,8 +167,7 @@ class Run:
         return RolloutBatch(tokens_BT=np.zeros((B, T), np.int32), valid_BT=np.ones((B, T), bool),
                             loss_mask_BT=np.ones((B, T), bool), old_logp_BT=zeros_BT,
                             rewards_B=np.zeros((B,), np.float32),
-                            ref_logp_BT=zeros_BT if cfg.loss.kl_coef else None,
-                            prox_logp_BT=zeros_BT if self.use_prox else None)
+                            ref_logp_BT=zeros_BT if cfg.loss.kl_coef else None)
 
     def compile(self) -> float:
         """Compile the update (AOT, fixed shapes) and the rollout; returns seconds spent.
@@ -195,9 +191,9 @@ class Run:
         else:
             warm = [{"prompt": self.train_src[0]["prompt"]}] * cfg.prompts_per_step
             self.sample(warm, cfg.group_size, 0, cfg.sampling.temperature, score=False)
-        if self.score is not None:
+        if self.score_ref is not None:
             dummy = self._dummy_batch()
-            self.score(self.params, dummy.tokens_BT, dummy.valid_BT)
+            self.score_ref(self.ref_params, dummy.tokens_BT, dummy.valid_BT)
         return time.perf_counter() - t0
 
     @property
@@ -262,16 +258,13 @@ class Run:
         rec: dict[str, Any] = {}
         if accounting["retained"]:  # an all-filtered batch makes no update (Adam would move)
             t2 = time.perf_counter()
-            if self.ref_params is not None:
-                batch = batch.replace(ref_logp_BT=self.score(
+            if self.score_ref is not None:
+                batch = batch.replace(ref_logp_BT=self.score_ref(
                     self.ref_params, batch.tokens_BT, batch.valid_BT))
-            if self.use_prox:
-                batch = batch.replace(prox_logp_BT=self.score(
-                    self.params, batch.tokens_BT, batch.valid_BT))
             *states, metrics = self.step_fn(*self.states, batch)
             self.states = tuple(states)
             metrics = jax.device_get(metrics)
-            rec["update_s"] = time.perf_counter() - t2  # reference/proximal scores + update
+            rec["update_s"] = time.perf_counter() - t2  # reference + update, transfers included
             rec.update(step_metrics(metrics, cfg.batch_train // cfg.micro_batches,
                                     cfg.optim.max_grad_norm))
         rec.update(

@@ -60,6 +60,11 @@ class LossConfig:
     dual_clip: float = 0.0         # 0 disables; else > 1 (e.g. 3)
     agg: str = "token-mean"
     temperature: float = 1.0       # the sampler's; tokens are scored under the same distribution
+    # Decoupled PPO for off-policy rollouts (Hilton et al. 2022): the surrogate is clipped
+    # around the proximal policy (batch.prox_logp_BT, else the params being updated, which
+    # are the pre-update policy when the batch makes one optimizer update) and weighted by
+    # pi_prox / pi_behav against the behaviour log-probs in old_logp_BT.
+    decoupled: bool = False
     kl_coef: float = 0.0           # KL to a frozen reference; needs batch.ref_logp_BT
     kl_kind: str = "k3"
     entropy_coef: float = 0.0      # entropy bonus: loss -= coef * aggregate(entropy)
@@ -259,8 +264,13 @@ def _actor_loss_fn(cfg: ModelConfig, loss_cfg: LossConfig, remat: bool, global_d
         mask_BS, w_BS = mb["mask_BS"], mb["w_BS"]
         old_BS, adv_BS = mb["old_logp_BS"], mb["adv_BS"]
 
-        # decoupled PPO when the batch carries the proximal policy (off-policy rollouts)
-        pg_kw = dict(clip, prox_logp_BT=mb.get("prox_logp_BS"))
+        # Decoupled PPO (off-policy rollouts): with one update per batch the params being
+        # differentiated are the pre-update (proximal) policy, so its log-probs are sg(logp_BS)
+        # of this very forward pass, and no second scoring pass is needed.
+        prox_BS = mb.get("prox_logp_BS")
+        if prox_BS is None and lc.decoupled:
+            prox_BS = sg(logp_BS)
+        pg_kw = dict(clip, prox_logp_BT=prox_BS)
         pg_loss = _weighted_sum(losses.policy_loss, logp_BS, old_BS, adv_BS, weights_BS=w_BS,
                                 **pg_kw)
         _, pg_metrics = losses.policy_loss(sg(logp_BS), old_BS, adv_BS, mask_BS, agg=lc.agg,
