@@ -171,6 +171,12 @@ def test_eval_se_is_the_within_prompt_sampling_noise():
     (dict(vf_clip=-1.0), "vf_clip"),
     (dict(gamma=1.5), "gamma"),
     (dict(lam=-1.0), "lam"),
+    (dict(gen_batch_ratio=0), "gen_batch_ratio"),
+    (dict(gen_batch_ratio=2, max_staleness=0), "max_staleness.*idle"),
+    (dict(max_staleness=-2), "max_staleness"),
+    (dict(rollout="vllm"), "rollout"),
+    (dict(rollout="generate", gen_batch_ratio=2), "rollout.*synchronous"),
+    (dict(engine_steps=0), "engine_steps"),
 ])
 def test_bad_config_names_the_field(tmp_path, data_dir, kw, field):
     with pytest.raises(ValueError, match=field):
@@ -362,3 +368,14 @@ def test_partial_rollout_run_trains_on_b_train_and_resumes(tmp_path, data_dir, m
     assert all(r["staleness_max"] <= 1 for r in recs)
     assert any(r["off_policy_token_frac"] > 0 for r in recs)
     assert all(np.isfinite(r["actor_loss"]) for r in recs)
+
+
+def test_ppo_with_partial_rollout(tmp_path, data_dir, monkeypatch):
+    """PPO (G = 1) over the slot engine: the decoupled actor objective and the critic train."""
+    _digit_reward(monkeypatch)
+    cfg = tiny_cfg(tmp_path / "ppo_k2", data_dir, algo="ppo", group_size=1,
+                   prompts_per_step=16, gen_batch_ratio=2, max_steps=2, eval_every=2)
+    run_training(cfg, progress=False)
+    recs = [r for r in _records(cfg.run_dir) if "actor_loss" in r]
+    assert len(recs) == 2 and all(r["retained"] == 16 and r["batch_gen"] == 32 for r in recs)
+    assert recs[1]["staleness_max"] <= 1 and np.isfinite(recs[1]["critic_loss"])
