@@ -135,6 +135,20 @@ def test_generation_curve_uses_b_gen():
     pts = {p["batch"]: p for p in m["points"]}
     assert sorted(pts) == [64, 128, 256, 512] and pts[128]["runs"] == 2
     assert abs(pts[512]["throughput"] - 512 / (D0 + D1 * 512)) < 1e-6
+    assert m["sync_batches"] == 3
+
+
+def test_b_gen_varied_only_by_k_decides_no_source_finding():
+    """One synchronous batch and its k = 2 twin: the fit exists, but it sets engine rounds
+    against a synchronous one, so finding (4) stays undetermined and the line says why."""
+    from jaxrl_scale.experiment import report
+    runs = [_timed_run("s", 128, 1), _timed_run("k", 128, 2)]
+    costs = {r.name: step_costs(r) for r in runs}
+    m = analysis.step_time_model(runs, costs, 50, np.random.default_rng(0), 0.9, 0.1, 128)
+    assert m["sync_batches"] == 1 and m["d0"] is not None
+    status, text = report._finding_collection({"critical_generation_batch": m})
+    assert status == "undetermined" and "gen_batch_ratio" in text
+    assert "CAUTION" in report._cgb_line({"critical_generation_batch": m})
 
 
 def test_sample_analyses_keep_to_the_reference_rollout(tmp_path):

@@ -656,7 +656,15 @@ def _cgb_line(summary: dict) -> str:
     else:
         where = f"beyond the measured grid (largest measured {kind} = {fmt(grid)})"
     return (f"Critical generation batch ({kind} beyond which {rule}): "
-            f"{fmt_ci(cgb['batch'], cgb.get('batch_ci'))}, {where}; {fit}.")
+            f"{fmt_ci(cgb['batch'], cgb.get('batch_ci'))}, {where}; {fit}{_mixed_note(cgb)}.")
+
+
+def _mixed_note(cgb: dict) -> str:
+    if cgb.get("sync_batches", 2) >= 2:
+        return ""
+    return ("; CAUTION: B_gen varies only through gen_batch_ratio, so the fit sets partial-"
+            "rollout (slot engine) rounds against synchronous ones rather than sampling one "
+            "decode curve")
 
 
 # --- source findings: (status, text). Status: reproduced / not reproduced / undetermined.
@@ -789,6 +797,10 @@ def _finding_collection(summary: dict) -> tuple[str, str]:
     d0, ci = cgb.get("d0"), cgb.get("d0_ci")
     if not _ok(d0):
         return "undetermined", "no fit t_gen = d0 + d1*B (collection times at < 2 batches)"
+    if cgb.get("sync_batches", 2) < 2:
+        return "undetermined", (f"synchronous collection times at < 2 batches (d0 = "
+                                f"{fmt_ci(d0, ci)} s comes from B_gen varied only through "
+                                "gen_batch_ratio, not from synchronous decode rounds)")
     bs, coll = _per_batch(summary, "collection_s_per_step")
     growth = (f"; from B={fmt(bs[0])} to B={fmt(bs[-1])} ({bs[-1] / bs[0]:.3g}x responses) "
               f"collection time per step grows {coll[-1] / coll[0]:.3g}x" if len(bs) >= 2 else "")

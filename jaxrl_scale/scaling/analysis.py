@@ -443,6 +443,10 @@ def step_time_model(runs: Sequence[Run], costs: dict, n_boot: int, rng, level: f
            else "step time",
            "batch_kind": "batch_gen" if any(r.batch_gen for r in runs) else "batch_train",
            "gen_batch_ratios": sorted({r.gen_batch_ratio for r in runs}),
+           # distinct B_gen of synchronous runs: with < 2, B_gen varies only through k, and
+           # the fit compares slot-engine rounds with synchronous ones (not one curve's points)
+           "sync_batches": len({r.batch_gen or r.batch for r in runs
+                                if r.gen_batch_ratio == 1 and gen_seconds(r, costs[r.name])}),
            "points": []}
     if not rows:
         return out
