@@ -23,7 +23,7 @@ def test_flat_names_route_to_their_sub_config():
 def test_every_leaf_has_one_flat_name():
     flat = TrainConfig().flat()
     leaves = {f.name for c in (LossConfig, SamplingConfig, OptimConfig)
-              for f in dataclasses.fields(c)} - {"temperature"}
+              for f in dataclasses.fields(c)} - {"temperature", "decoupled"}   # derived
     tops = {f.name for f in dataclasses.fields(TrainConfig)} - {"loss", "sampling", "optim"}
     assert set(flat) == leaves | tops | {"temperature"}
     assert len(flat) == len(leaves) + len(tops) + 1
@@ -33,6 +33,16 @@ def test_loss_temperature_is_the_samplers():
     cfg = TrainConfig.make(temperature=0.7)
     assert cfg.loss.temperature == cfg.sampling.temperature == 0.7
     assert TrainConfig(sampling=SamplingConfig(temperature=0.5)).loss.temperature == 0.5
+
+
+def test_decoupled_objective_follows_the_rollout():
+    """Stale tokens (partial rollout) are learned from with decoupled PPO, others are not."""
+    assert not TrainConfig().loss.decoupled
+    assert not TrainConfig.make(rollout="engine").loss.decoupled       # k = 1, staleness 0
+    cfg = TrainConfig.make(gen_batch_ratio=2)
+    assert cfg.loss.decoupled and cfg.staleness_bound == 1 and cfg.use_engine
+    assert TrainConfig.from_json(cfg.to_json()) == cfg
+    assert not cfg.replace(gen_batch_ratio=1, max_staleness=0).loss.decoupled
 
 
 def test_json_round_trip_and_flat_json():
