@@ -38,8 +38,7 @@ def _drain(eng, params, **kw):
     return rows
 
 
-@pytest.mark.parametrize("devices", [1, 8])
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("devices, temperature", [(1, 1.0), (8, 1.0), (8, 0.0)])
 def test_synchronous_round_equals_generate(model, devices, temperature):
     cfg, params = model
     mesh = None if devices == 1 else Mesh(np.array(jax.devices()[:8]), ("data",))

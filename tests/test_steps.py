@@ -411,11 +411,10 @@ def test_decoupled_objective_in_the_step(params):
     assert tree_diff(g[4], g[1]) <= 1e-5 * tree_norm(g[1])
     # The step's policy term is policy_loss with prox (the other terms, entropy and KL, do
     # not depend on prox, so they cancel in the difference to the plain step).
-    mask_BS = batch.loss_mask_BT[:, 1:]
     delta = jax.tree.map(lambda a, b: a - b, g[1], plain)
-    ref_delta = jax.tree.map(
-        lambda a, b: a - b, jax.grad(lambda p: _surrogate(p, batch, mask_BS, prox[:, 1:]))(params),
-        jax.grad(lambda p: _surrogate(p, batch, mask_BS, None))(params))
+    grad = jax.jit(jax.grad(_surrogate), static_argnums=3)
+    ref_delta = jax.tree.map(lambda a, b: a - b, grad(params, batch, prox[:, 1:], True),
+                             grad(params, batch, prox[:, 1:], False))
     assert tree_diff(delta, ref_delta) <= 1e-4 * tree_norm(ref_delta)
     # LossConfig.decoupled without prox_logp_BT: the proximal policy is the params being
     # updated, the same as scoring them first and passing the scores as prox.
@@ -430,7 +429,9 @@ def test_decoupled_objective_in_the_step(params):
     assert tree_diff(g_auto[1]["actor_grads"], plain) > 1e-4 * tree_norm(plain)
 
 
-def _surrogate(p, batch, mask_BS, prox_BS):
+def _surrogate(p, batch, prox_BS, use_prox):
+    mask_BS = batch.loss_mask_BT[:, 1:]
+    prox_BS = prox_BS if use_prox else None
     logits = steps.forward(CFG, p, batch.tokens_BT, batch.valid_BT)[:, :-1]
     logp = losses.token_logprobs(logits, batch.tokens_BT[:, 1:], LOSS_CFG.temperature)
     adv = steps._grpo_advantages_BS(batch, GT, LOSS_CFG.advantage)

@@ -337,13 +337,13 @@ def test_slot_engine_at_ratio_1_equals_the_synchronous_loop(tmp_path, data_dir, 
     """--rollout=engine with gen_batch_ratio 1 and no staleness: the same tokens, so exactly
     the same metrics as generate's rollout (8 fake devices), plus the rollout fields."""
     _digit_reward(monkeypatch)
-    kw = dict(max_steps=3, eval_every=3, checkpoint_every=3)
+    kw = dict(max_steps=2, eval_every=2, checkpoint_every=2)
     a = tiny_cfg(tmp_path / "gen", data_dir, **kw)
     b = tiny_cfg(tmp_path / "eng", data_dir, rollout="engine", **kw)
     run_training(a, progress=False)
     run_training(b, progress=False)
     ra, rb = _strip_times(_records(a.run_dir)), _strip_times(_records(b.run_dir))
-    assert len(ra) == len(rb) == 5
+    assert len(ra) == len(rb) == 4
     for x, y in zip(ra, rb):
         assert {k: v for k, v in y.items() if k not in ROLLOUT_FIELDS} == x
         if "actor_loss" in y:
@@ -354,22 +354,23 @@ def test_partial_rollout_run_trains_on_b_train_and_resumes(tmp_path, data_dir, m
     """gen_batch_ratio 2: every update takes exactly B_train responses with staleness <= 1
     and the decoupled objective; a resumed run re-reads the groups that were in flight."""
     _digit_reward(monkeypatch)
-    cfg = tiny_cfg(tmp_path / "k2", data_dir, gen_batch_ratio=2, max_steps=4, eval_every=4,
-                   checkpoint_every=2)
+    cfg = tiny_cfg(tmp_path / "k2", data_dir, gen_batch_ratio=2, max_steps=3, eval_every=3,
+                   checkpoint_every=1)
     assert cfg.batch_gen == 32 and cfg.staleness_bound == 1
     assert cfg.loss.decoupled and not tiny_cfg(tmp_path, data_dir).loss.decoupled
-    out = run_training(cfg, progress=False, stop_after_steps=2)
+    out = run_training(cfg, progress=False, stop_after_steps=1)
     assert not out["finished"]
     out = run_training(cfg, progress=False)
-    assert out["finished"] and out["step"] == 4
+    assert out["finished"] and out["step"] == 3
     recs = [r for r in _records(cfg.run_dir) if "actor_loss" in r]
-    assert [r["step"] for r in recs] == [1, 2, 3, 4]
+    assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["retained"] == r["generated"] == 16 and r["batch_gen"] == 32 for r in recs)
     assert all(r["staleness_max"] <= 1 for r in recs)
     assert any(r["off_policy_token_frac"] > 0 for r in recs)
     assert all(np.isfinite(r["actor_loss"]) for r in recs)
 
 
+@pytest.mark.slow   # the GRPO test above covers the engine path; PPO adds its critic
 def test_ppo_with_partial_rollout(tmp_path, data_dir, monkeypatch):
     """PPO (G = 1) over the slot engine: the decoupled actor objective and the critic train."""
     _digit_reward(monkeypatch)
