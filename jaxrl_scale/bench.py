@@ -6,6 +6,7 @@ peak of the same machine, under the same load, in the same run.
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Any, Callable
@@ -122,23 +123,35 @@ def decode_step_bytes(cfg: ModelConfig, batch: int, context: float) -> float:
 
 # ----------------------------------------------------------------------------- chip peaks
 
-# Published per-chip peaks: dense (no sparsity) matmul FLOP/s by dtype and HBM bandwidth.
-# Sources: NVIDIA A100 datasheet (SXM4 80GB), H100 datasheet (SXM5), H200 product brief (SXM);
-# Google Cloud TPU system-architecture pages for v5e, v5p and v6e (Trillium).
+# Published per-chip peaks: dense (no sparsity) matmul FLOP/s by dtype and HBM bandwidth, one
+# chip each (the roofline, scaling/roofline.py, multiplies by a chip count). Every entry names
+# its public source ("source": the document, "url": where it is published). NVIDIA's headline
+# bf16 tensor-core figures are "with sparsity"; the dense figure here is half of that; float32
+# is the non-tensor FP32 figure.
 CHIPS: dict[str, dict] = {
     "A100": dict(flops={"bfloat16": 312e12, "float32": 19.5e12}, hbm_bytes_per_s=2.039e12,
-                 hbm_bytes=80e9, source="NVIDIA A100 Tensor Core GPU datasheet, SXM4 80GB"),
+                 hbm_bytes=80e9, source="NVIDIA A100 Tensor Core GPU datasheet, SXM4 80GB",
+                 url="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+                     "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
     "H100": dict(flops={"bfloat16": 989e12, "float32": 67e12}, hbm_bytes_per_s=3.35e12,
-                 hbm_bytes=80e9, source="NVIDIA H100 Tensor Core GPU datasheet, SXM5"),
+                 hbm_bytes=80e9, source="NVIDIA H100 Tensor Core GPU datasheet, SXM5",
+                 url="https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-"
+                     "datasheet"),
     "H200": dict(flops={"bfloat16": 989e12, "float32": 67e12}, hbm_bytes_per_s=4.8e12,
-                 hbm_bytes=141e9, source="NVIDIA H200 Tensor Core GPU product brief, SXM"),
+                 hbm_bytes=141e9, source="NVIDIA H200 Tensor Core GPU product brief, SXM",
+                 url="https://www.nvidia.com/en-us/data-center/h200/"),
     "TPU v5e": dict(flops={"bfloat16": 197e12}, hbm_bytes_per_s=819e9, hbm_bytes=16e9,
-                    source="cloud.google.com/tpu/docs/v5e"),
+                    source="Google Cloud TPU v5e system architecture",
+                    url="https://cloud.google.com/tpu/docs/v5e"),
     "TPU v5p": dict(flops={"bfloat16": 459e12}, hbm_bytes_per_s=2.765e12, hbm_bytes=95e9,
-                    source="cloud.google.com/tpu/docs/v5p"),
+                    source="Google Cloud TPU v5p system architecture",
+                    url="https://cloud.google.com/tpu/docs/v5p"),
     "TPU v6e": dict(flops={"bfloat16": 918e12}, hbm_bytes_per_s=1.64e12, hbm_bytes=32e9,
-                    source="cloud.google.com/tpu/docs/v6e"),
+                    source="Google Cloud TPU v6e (Trillium) system architecture",
+                    url="https://cloud.google.com/tpu/docs/v6e"),
 }
+# Not a datasheet chip: this process's machine, from peaks measured now (`measured_chip`).
+CPU_THIS_MACHINE = "cpu-this-machine"
 _KIND_ALIASES = (("v5 lite", "TPU v5e"), ("v5e", "TPU v5e"), ("v5p", "TPU v5p"),
                  ("v6 lite", "TPU v6e"), ("v6e", "TPU v6e"), ("h200", "H200"), ("h100", "H100"),
                  ("a100", "A100"))
@@ -151,3 +164,41 @@ def chip_peaks(device_kind: str) -> tuple[str, dict] | None:
         if alias in kind:
             return name, CHIPS[name]
     return None
+
+
+def measured_chip(flops_per_s: float, hbm_bytes_per_s: float, dtype: str = "float32",
+                  hbm_bytes: float | None = None, source: str = "measured") -> dict:
+    """A CHIPS-style entry from measured peaks (e.g. decode_bench's `matmul_peak_flops_per_s`
+    and `machine.copy.bytes_per_s`), so the roofline can be checked on a machine that has no
+    datasheet row: the same formula, fed this machine's achieved matmul and copy rates."""
+    return dict(flops={str(dtype): float(flops_per_s)}, hbm_bytes_per_s=float(hbm_bytes_per_s),
+                hbm_bytes=hbm_bytes, source=source, url=None)
+
+
+@functools.lru_cache(maxsize=None)
+def _this_machine(dtype: str) -> tuple[float, float]:
+    return (matmul_peak(dtype=dtype, repeats=5)["flops_per_s"],
+            copy_bandwidth(repeats=5)["bytes_per_s"])
+
+
+def chip_entry(chip: str | dict, dtype: str = "bfloat16") -> dict:
+    """The peaks of `chip`: a CHIPS name (or a device_kind string it matches), a CHIPS-style
+    dict (passed through), or CPU_THIS_MACHINE (matmul and copy peaks measured in this process
+    once, in `dtype`). Peak FLOP/s for `dtype` must exist: ValueError names what does."""
+    if isinstance(chip, dict):
+        entry = chip
+    elif chip == CPU_THIS_MACHINE:
+        flops, bw = _this_machine(str(dtype))
+        entry = measured_chip(flops, bw, dtype, source=f"measured in this process ({dtype} "
+                              "matmul_peak, copy_bandwidth)")
+    elif chip in CHIPS:
+        entry = CHIPS[chip]
+    elif chip_peaks(chip) is not None:
+        entry = chip_peaks(chip)[1]
+    else:
+        raise ValueError(f"unknown chip {chip!r}; use one of {sorted(CHIPS)}, "
+                         f"{CPU_THIS_MACHINE!r} or a dict from measured_chip(...)")
+    if str(dtype) not in entry["flops"]:
+        raise ValueError(f"chip {chip if isinstance(chip, str) else entry.get('source')!r} has "
+                         f"no published {dtype} peak; it has {sorted(entry['flops'])}")
+    return entry

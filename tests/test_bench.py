@@ -22,8 +22,7 @@ def test_chip_peaks_by_device_kind(kind, name):
 
 def test_trl_char_tokenizer_matches_ours():
     pytest.importorskip("transformers")
-    sys.path.insert(0, os.path.join(ROOT, "experiments"))
-    import rl_bench
+    from jaxrl_scale.cli import rl_bench
     hf, ours = rl_bench._char_tokenizer(128)
     for text in ["12+34=", "99-7=", "a b\nc", "(3*4)/5 = 2.4"]:
         ids = hf(text)["input_ids"]

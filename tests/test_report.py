@@ -235,10 +235,7 @@ def test_analyze_script(tmp_path):
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("analyze_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("jaxrl_scale.cli.analyze")
 
 
 def test_analyze_main(tmp_path, capsys):

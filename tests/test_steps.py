@@ -369,6 +369,33 @@ def test_ppo_step_micro_batch_invariant_and_updates_critic(params):
     assert float(vloss(c1.params, critic)) < float(vloss(critic, critic))
 
 
+def test_ppo_critic_has_its_own_schedule(params):
+    """critic_minibatches=2: the critic takes 2 Adam updates on the two row splits (rows
+    0, 2, 4, ... then 1, 3, 5, ...: steps._split_rows), as a manual loop of single updates
+    does; the actor's update is the 1-update one (GAE reads the pre-update critic)."""
+    critic = init_critic_from_actor(params, jax.random.PRNGKey(1))
+    batch = make_ppo_batch(0)
+    one = _ppo_fn_cached(1)(new_state(params), new_state(critic, CTX), batch)
+    two = steps.make_train_step(steps.ppo_step, donate=False, compiler_options=FAST_COMPILE,
+                                cfg=CFG, actor_tx=TX, critic_tx=CTX, loss_cfg=LOSS_CFG,
+                                critic_minibatches=2)(new_state(params), new_state(critic, CTX),
+                                                      batch)
+    # (two compiled programs: equal up to float32 fusion order)
+    assert tree_diff(two[0].params, one[0].params) <= 1e-4 * tree_diff(one[0].params, params)
+    assert np.shape(two[2]["critic_loss"]) == (2,) and np.shape(two[2]["actor_loss"]) == ()
+    # the same two updates by hand: GAE from the pre-update critic, then the splits in order
+    gae = steps.ppo_advantages(CFG, critic, batch, LOSS_CFG)
+    data = dict(tokens_BT=batch.tokens_BT, valid_BT=batch.valid_BT, mask_BS=gae["mask_BS"],
+                old_values_BS=gae["values_BS"], returns_BS=gae["returns_BS"])
+    upd = jax.jit(functools.partial(steps._critic_update, cfg=CFG, tx=CTX, loss_cfg=LOSS_CFG,
+                                    micro_batches=1, remat=False, lr_fn=None,
+                                    with_grads=False))
+    state, B = new_state(critic, CTX), batch.tokens_BT.shape[0]
+    for half in (slice(0, B, 2), slice(1, B, 2)):
+        state, _ = upd(state, jax.tree.map(lambda x: x[half], data))
+    assert tree_diff(two[1].params, state.params) <= 1e-5 * tree_diff(state.params, critic)
+
+
 def test_float32_master_params_with_bfloat16_compute(params):
     """The accelerator presets' policy (param_dtype float32, dtype bfloat16): Adam keeps float32
     weights and moments, and the bf16 update stays close to the all-float32 one."""

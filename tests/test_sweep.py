@@ -51,7 +51,7 @@ def test_plan_gen_batch_ratios_axis():
     tune = sweep_mod.tune_plan(default, TrainConfig().replace(gen_batch_ratio=2))
     assert tune and {r.gen_batch_ratio for r in tune} == {1}
     with pytest.raises(ValueError, match="gen_batch_ratios"):
-        sweep_mod._validate_all(SweepConfig(gen_batch_ratios=(0,)), [], [])
+        sweep_mod.validate_sweep(SweepConfig(gen_batch_ratios=(0,)), TrainConfig())
 
 
 def test_default_and_full_study_designs():
@@ -75,7 +75,7 @@ def test_default_and_full_study_designs():
     assert ppo and {r.group_size for r in ppo} == {1} and {r.optim.base_batch for r in ppo} == {64}
     # the full study contains every run of the default one (so it can resume from it)
     assert {c.run_dir for c in runs} <= {c.run_dir for c in full}
-    with pytest.raises(ValueError, match="study 'nope' is unknown"):
+    with pytest.raises(ValueError, match="study: 'nope' is unknown"):
         sweep_mod.study_config("nope")
 
 
@@ -134,8 +134,8 @@ def _cli(*args):
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = ("import sys, dataclasses, json; sys.path.insert(0, 'experiments'); "
-            "import sweep_batch as m; m.FLAGS(['sweep_batch.py', *sys.argv[1:]]); "
+    code = ("import sys, dataclasses, json; "
+            "from jaxrl_scale.cli import sweep as m; m.FLAGS(['sweep_batch.py', *sys.argv[1:]]); "
             "print(json.dumps(dataclasses.asdict(m.sweep_from_flags())))")
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                           cwd=root, timeout=120)
@@ -154,7 +154,7 @@ def test_cli_flags_override_the_study():
     assert two.returncode == 0, two.stderr
     assert json.loads(two.stdout.strip().splitlines()[-1])["gen_batch_ratios"] == [1, 2]
     bad = _cli("--pairs=16y4")
-    assert bad.returncode != 0 and "--pairs=16y4" in bad.stderr and "32x4" in bad.stderr
+    assert bad.returncode != 0 and "pairs: cannot parse '16y4'" in bad.stderr and "32x4" in bad.stderr
 
 
 def test_cli_flat_flags_set_nested_fields():
@@ -162,7 +162,7 @@ def test_cli_flat_flags_set_nested_fields():
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = ("import sys, json; sys.path.insert(0, 'experiments'); import sweep_batch as m, "
+    code = ("import sys, json; from jaxrl_scale.cli import sweep as m, "
             "flagdefs; m.FLAGS(['sweep_batch.py', *sys.argv[1:]]); "
             "from jaxrl_scale.experiment.config import TrainConfig; "
             "print(json.dumps(flagdefs.build_from_flags(TrainConfig, skip=m._PER_RUN)"

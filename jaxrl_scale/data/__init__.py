@@ -27,6 +27,8 @@ _EXPORTS = {
     "RewardFn": "rewards",
     "REWARDS": "rewards",
     "reward_for_task": "rewards",
+    "load_reward_fn": "rewards",
+    "user_reward": "rewards",
     "exact_match": "rewards",
     "countdown_reward": "rewards",
     "math_verify_reward": "rewards",

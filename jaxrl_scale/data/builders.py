@@ -414,6 +414,34 @@ def _hash_files(d: str, names: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
+class _ConfigView:
+    """The two things a builder's `_spec` / `_validate` read (its config and split fields),
+    so options are checked without constructing a TFDS builder (which touches data_dir)."""
+
+    def __init__(self, cls: type, config: tfds.core.BuilderConfig):
+        self.cls, self.builder_config = cls, config
+        self.NUM_EXAMPLES_FIELD = cls.NUM_EXAMPLES_FIELD
+
+    def _spec(self):
+        return self.cls._spec(self)
+
+
+def check_task_options(name: str, *, num_train: int | None = None, num_test: int | None = None,
+                       **knobs: Any) -> None:
+    """Raise ValueError for an unknown task, an unknown option or a bad option value, as
+    `load_task` would, but before anything is built or read."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; known tasks: {sorted(TASKS)}")
+    cls = TASKS[name]
+    sizes = {f: n for f, n in zip(cls.NUM_EXAMPLES_FIELD.values(), (num_train, num_test))
+             if n is not None}
+    config = cls.make_config(**knobs, **sizes)
+    if cls is MathJsonl:
+        _check_manual_dir(os.path.expanduser(os.fspath(knobs.get("manual_dir") or "")))
+    else:
+        cls._validate(_ConfigView(cls, config))
+
+
 def load_task(
     name: str,
     split: str,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import functools
+import importlib
 import logging
 import math
 import multiprocessing
@@ -457,6 +458,30 @@ REWARDS: dict[str, Callable[[str, dict[str, Any]], float]] = {
     "countdown": countdown_reward,
     "math_jsonl": math_verify_reward,
 }
+
+
+def load_reward_fn(spec: str) -> Callable[[str, dict[str, Any]], float]:
+    """The user function named by "package.module:function" (importable from sys.path, e.g.
+    the working directory): `fn(response: str, example: dict) -> float`, where `example` is
+    the task row the prompt came from ("prompt", "answer", ... ). ValueError, naming what is
+    wrong, for a malformed spec, a module that does not import or a missing function."""
+    module_name, sep, attr = spec.partition(":")
+    if not (sep and module_name and attr):
+        raise ValueError(f"{spec!r} is not of the form 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # noqa: BLE001 - the user's module: any import error is theirs
+        raise ValueError(f"cannot import {module_name!r} ({type(e).__name__}: {e})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"{module_name!r} has no function {attr!r}")
+    return fn
+
+
+def user_reward(spec: str, *, timeout_s: float | None = 10.0) -> RewardFn:
+    """A RewardFn over `load_reward_fn(spec)`: each call on a worker thread with `timeout_s`
+    (None: inline), exceptions and non-finite values -> reward 0, counted in `failures`."""
+    return RewardFn(load_reward_fn(spec), name=spec, timeout_s=timeout_s, isolation="thread")
 
 
 def reward_for_task(

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import json
 import os
 import typing
@@ -13,6 +15,7 @@ from jaxrl_scale.sampling.rules import SamplingConfig
 
 ALGOS = ("grpo", "ppo")
 ROLLOUTS = ("auto", "engine", "generate")
+WANDB_MODES = ("", "online", "offline", "disabled")
 # The built-in CPU task: 2-digit addition and subtraction (answers of 1-3 characters).
 DEFAULT_TASK_KWARGS = {"digits": 2, "ops": "+-"}
 
@@ -24,7 +27,8 @@ class OptimConfig:
     base_lr: float = 2e-4
     base_batch: int = 256
     lr_rule: str = "sqrt"
-    critic_base_lr: float = 5e-4       # PPO's critic, same rule
+    critic_base_lr: float = 5e-4       # PPO's critic
+    critic_lr_rule: str = ""           # PPO's critic, relative to base_batch ("": lr_rule)
     warmup_steps: int = 0
     max_grad_norm: float = 1.0         # 0 disables clipping
     b1: float = 0.9
@@ -52,6 +56,10 @@ class TrainConfig:
     num_train_examples: int = 8000     # 0: the builder's default
     num_test_examples: int = 500
     max_prompt_len: int = 0            # 0: longest prompt in the data
+    # Your reward instead of the task's: "package.module:function" with signature
+    # fn(response: str, example: dict) -> float (example: the task row, "prompt", "answer", ...)
+    reward_fn: str = ""
+    reward_timeout_s: float = 10.0     # per call of reward_fn (0: no timeout, runs inline)
     # --- model
     model: str = "rl_cpu"              # preset name, used when no checkpoint is given
     hf_checkpoint: str = ""            # HF directory (config.json + safetensors)
@@ -76,6 +84,11 @@ class TrainConfig:
     loss: LossConfig = dataclasses.field(default_factory=lambda: LossConfig(clip_high=0.28))
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     micro_batches: int = 1
+    # PPO's critic has its own schedule (its noise scale, so its critical batch, differs from
+    # the actor's): critic_minibatches x critic_epochs Adam updates per rollout, each on
+    # B_train / critic_minibatches responses, lr by critic_lr_rule at that batch.
+    critic_minibatches: int = 1
+    critic_epochs: int = 1
     # --- schedule
     max_steps: int = 100
     max_responses: int = 0             # response budget (0: none)
@@ -90,6 +103,10 @@ class TrainConfig:
     # size: one call over all rows pads to the next power of two and is slower per row on CPU.
     generate_chunk: int = 4096
     checkpoint_every: int = 10
+    # --- metric writers (same scalars as metrics.jsonl; experiment/writers.py)
+    tensorboard: bool = True           # event files in <run_dir>/tensorboard
+    wandb_project: str = ""            # Weights & Biases project ("" = off)
+    wandb_mode: str = ""               # "online", "offline" (no network), "disabled"; "": WANDB_MODE
     # --- mesh ('data', 'fsdp', 'tensor'); -1 absorbs the remaining devices
     mesh_data: int = -1
     mesh_fsdp: int = 1
@@ -143,8 +160,11 @@ class TrainConfig:
             elif k in _NESTED:
                 nested.setdefault(_NESTED[k], {})[k] = v
             else:
-                raise ValueError(f"TrainConfig has no field {k!r}. Fix: use one of "
-                                 f"{sorted(_TOP | set(_NESTED))}.")
+                near = difflib.get_close_matches(k, sorted(_TOP | set(_NESTED)), n=3)
+                raise ConfigError(k, "TrainConfig has no such field", (
+                    f"did you mean {' or '.join(near)}" if near else
+                    "see TrainConfig().flat() for the field names"))
+        check_fields(flat)   # before the nested configs' own checks
         for sub, kw in nested.items():
             top[sub] = dataclasses.replace(top.get(sub, getattr(self, sub)), **kw)
         return dataclasses.replace(self, **top)
@@ -192,100 +212,254 @@ assert not (_TOP & set(_NESTED)) and len(_NESTED) == sum(
     len(_fields(c)) for c in SUBCONFIGS.values()) - len(_HIDDEN), "flat names must be unique"
 
 
-def _err(field: str, problem: str, fix: str) -> ValueError:
-    where = f"{_NESTED[field]}.{field}" if field in _NESTED else field
-    return ValueError(f"TrainConfig.{where}: {problem}. Fix: {fix}.")
+class ConfigError(ValueError):
+    """A bad configuration value. str() is `<field>: <problem>. Fix: <fix>.`, where <field> is
+    the flat name, which is also the flag (--<field>). The scripts print it as one line and
+    exit 2; any other exception is a bug and keeps its traceback."""
+
+    def __init__(self, field: str, problem: str, fix: str):
+        self.field, self.problem, self.fix = field, problem, fix
+        super().__init__(f"{field}: {problem}. Fix: {fix}.")
+
+
+_err = ConfigError
+
+# Numeric fields: (lowest, highest, lowest excluded). Checked for every run before anything
+# loads; the cross-field rules follow in `validate`.
+_INF = float("inf")
+RANGES: dict[str, tuple[float, float, bool]] = {
+    **{k: (1, _INF, False) for k in (
+        "prompts_per_step", "group_size", "max_new_tokens", "gen_batch_ratio", "engine_steps",
+        "micro_batches", "max_steps", "eval_every", "eval_prompts", "eval_samples",
+        "generate_chunk", "checkpoint_every", "base_batch", "critic_minibatches",
+        "critic_epochs")},
+    **{k: (0, _INF, False) for k in (
+        "max_responses", "num_train_examples", "num_test_examples", "max_prompt_len", "seed",
+        "warmup_steps", "top_k", "max_grad_norm", "clip_high", "vf_clip", "kl_coef",
+        "entropy_coef", "target_margin", "temperature", "dual_clip", "reward_timeout_s")},
+    **{k: (0, _INF, True) for k in ("base_lr", "critic_base_lr", "eps")},
+    **{k: (0, 1, False) for k in ("clip_low", "gamma", "lam", "target")},
+    **{k: (0, 1, True) for k in ("top_p",)},
+    "b1": (0, 0.999999, False), "b2": (0, 0.999999, False), "max_staleness": (-1, _INF, False),
+}
+INT_FIELDS = {f.name for c in (TrainConfig, OptimConfig, LossConfig, SamplingConfig)
+              for f in dataclasses.fields(c) if f.type in ("int", int)}
+
+
+@functools.cache
+def _enums() -> dict[str, tuple]:
+    from jaxrl_scale import losses
+    return {"algo": ALGOS, "rollout": ROLLOUTS, "lr_rule": ADAM_RULES, "wandb_mode": WANDB_MODES,
+            "advantage": losses.ADVANTAGE_ESTIMATORS, "agg": losses.AGG_MODES,
+            "kl_kind": losses.KL_KINDS}
+
+
+def check_fields(flat: dict[str, Any]) -> None:
+    """Types, ranges and names of the given flat fields (a ConfigError for the first bad one).
+    Runs before the nested configs are built, so their own checks never speak first."""
+    for name, v in flat.items():
+        if name in _enums() and v not in _enums()[name]:
+            raise _err(name, f"{v!r} is unknown", f"use one of {', '.join(_enums()[name])}")
+        if name not in RANGES:
+            continue
+        lo, hi, open_lo = RANGES[name]
+        kind = "an integer" if name in INT_FIELDS else "a number"
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or \
+                (name in INT_FIELDS and not float(v).is_integer()):
+            raise _err(name, f"must be {kind}, got {v!r}", f"pass --{name}=<{kind[2:]}>")
+        if v != v or v < lo or v > hi or (open_lo and v == lo):
+            left = "(" if open_lo else "["
+            rng = f"{left}{lo:g}, {hi:g}]" if hi < _INF else (f"> {lo:g}" if open_lo
+                                                                  else f">= {lo:g}")
+            raise _err(name, f"must be {'in ' if hi < _INF else ''}{rng}, got {v}",
+                       f"set --{name} {'in ' if hi < _INF else ''}{rng}")
+
+
+def _check_paths(cfg: TrainConfig) -> None:
+    def exists(p: str) -> bool:
+        return os.path.exists(os.path.expanduser(p))
+    if cfg.hf_checkpoint and not os.path.isfile(
+            os.path.join(os.path.expanduser(cfg.hf_checkpoint), "config.json")):
+        raise _err("hf_checkpoint", f"no config.json in {cfg.hf_checkpoint!r}",
+                   "point --hf_checkpoint at a directory with config.json and *.safetensors")
+    if cfg.init_checkpoint and not exists(cfg.init_checkpoint):
+        raise _err("init_checkpoint", f"{cfg.init_checkpoint!r} does not exist",
+                   "point --init_checkpoint at an orbax params directory (e.g. the SFT "
+                   "warm-start), or leave it empty")
+    if cfg.tokenizer != "char":
+        path = os.path.expanduser(cfg.tokenizer)
+        if not (os.path.isfile(os.path.join(path, "tokenizer.json")) or
+                (os.path.isfile(path) and path.endswith(".json"))):
+            raise _err("tokenizer", f"{cfg.tokenizer!r} is neither 'char' nor a directory "
+                       "with tokenizer.json", "use --tokenizer=char or a HF tokenizer directory")
+    if os.path.isfile(os.path.expanduser(cfg.run_dir)):
+        raise _err("run_dir", f"{cfg.run_dir!r} is a file", "choose a directory path")
+    if not cfg.hf_checkpoint:
+        from jaxrl_scale.models.config import PRESETS
+        if cfg.model not in PRESETS:
+            raise _err("model", f"preset {cfg.model!r} is unknown",
+                       f"use one of {', '.join(sorted(PRESETS))}, or --hf_checkpoint=DIR")
+
+
+def _check_wandb(cfg: TrainConfig) -> None:
+    import importlib.util
+    if cfg.wandb_project and importlib.util.find_spec("wandb") is None:
+        raise _err("wandb_project", "W&B logging needs the wandb package, which is not "
+                   "installed", "pip install wandb (or pip install -e '.[wandb]'), or drop "
+                   "--wandb_project")
+
+
+def _check_reward(cfg: TrainConfig) -> None:
+    if not cfg.reward_fn:
+        return
+    from jaxrl_scale.data.rewards import load_reward_fn
+    try:
+        load_reward_fn(cfg.reward_fn)
+    except ValueError as e:
+        raise _err("reward_fn", str(e), "pass --reward_fn=package.module:function, importable "
+                   "from the working directory or PYTHONPATH") from None
+
+
+def _check_task(cfg: TrainConfig) -> None:
+    from jaxrl_scale.data.builders import TASKS, check_task_options
+    if cfg.task not in TASKS:
+        raise _err("task", f"{cfg.task!r} is unknown", f"use one of {', '.join(sorted(TASKS))}")
+    if not isinstance(cfg.task_kwargs, dict):
+        raise _err("task_kwargs", f"must be a JSON object, got {cfg.task_kwargs!r}",
+                   'pass e.g. --task_kwargs=\'{"digits": 2}\'')
+    kw = {k: v for k, v in cfg.task_kwargs.items()}
+    try:
+        check_task_options(cfg.task, num_train=cfg.num_train_examples or None,
+                           num_test=cfg.num_test_examples or None, **kw)
+    except (ValueError, TypeError) as e:
+        known = [k for k in TASKS[cfg.task].knobs() if not k.startswith("num_")]
+        raise _err("task_kwargs", str(e).rstrip("."), f"{cfg.task}'s options are "
+                   f"{', '.join(known)} (sizes: --num_train_examples, --num_test_examples)"
+                   ) from None
+
+
+def check_mesh(cfg: TrainConfig, num_devices: int | None = None):
+    """The (data, fsdp, tensor) mesh the run will use, or a ConfigError naming mesh_data."""
+    from jaxrl_scale import sharding as shd
+    import jax
+    devices = jax.devices()[:num_devices] if num_devices else None
+    try:
+        return shd.make_mesh(cfg.mesh_data, cfg.mesh_fsdp, cfg.mesh_tensor, devices=devices)
+    except ValueError as e:
+        raise _err("mesh_data", str(e), f"make mesh_data x mesh_fsdp x mesh_tensor use the "
+                   f"{len(devices or jax.devices())} devices (one axis may be -1)") from None
 
 
 def validate(cfg: TrainConfig, *, data_parallel: int | None = None,
              model_max_seq_len: int | None = None) -> None:
-    """Raise a ValueError naming the field and the fix; cheap, runs before any compilation.
-    (LossConfig and SamplingConfig check their names and ranges when they are built.)"""
+    """Raise a ConfigError naming the field and the fix; cheap (no data, model or compile),
+    so it runs before anything expensive. The caller adds the mesh's data-parallel size and
+    the model's context once it knows them."""
     f = cfg.flat()
-    if cfg.algo not in ALGOS:
-        raise _err("algo", f"{cfg.algo!r} is unknown", f"use one of {ALGOS}")
+    check_fields(f)
     if cfg.algo == "grpo" and cfg.group_size < 2:
         raise _err("group_size", f"GRPO needs >= 2 responses per prompt, got {cfg.group_size}",
                    "set --group_size >= 2, or use --algo=ppo (which uses G = 1)")
     if cfg.algo == "ppo" and cfg.group_size != 1:
         raise _err("group_size", f"PPO samples one response per prompt, got {cfg.group_size}",
                    "set --group_size=1 with --algo=ppo")
-    if cfg.prompts_per_step < 1:
-        raise _err("prompts_per_step", f"must be >= 1, got {cfg.prompts_per_step}",
-                   "set --prompts_per_step to a positive integer")
-    for name in ("base_lr", "critic_base_lr"):
-        if not f[name] > 0:
-            raise _err(name, f"learning rate must be positive, got {f[name]}",
-                       f"set --{name} > 0")
-    if f["base_batch"] < 1:
-        raise _err("base_batch", f"must be >= 1, got {f['base_batch']}", "set --base_batch")
-    if f["lr_rule"] not in ADAM_RULES:
-        raise _err("lr_rule", f"{f['lr_rule']!r} is unknown", f"use one of {ADAM_RULES}")
-    for name, lo, hi in (("clip_low", 0.0, 1.0), ("clip_high", 0.0, None), ("vf_clip", 0.0, None),
-                         ("kl_coef", 0.0, None), ("entropy_coef", 0.0, None),
-                         ("gamma", 0.0, 1.0), ("lam", 0.0, 1.0)):
-        v = f[name]
-        if v < lo or (hi is not None and v > hi):
-            rng = f"[{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}"
-            raise _err(name, f"must be in {rng}, got {v}", f"set --{name} in {rng}")
-    if cfg.eval_every < 1:
-        raise _err("eval_every", f"eval interval must be >= 1 step, got {cfg.eval_every}",
-                   "set --eval_every to a positive number of steps")
-    if cfg.checkpoint_every < 1:
-        raise _err("checkpoint_every", f"must be >= 1, got {cfg.checkpoint_every}",
-                   "set --checkpoint_every to a positive number of steps")
-    if cfg.micro_batches < 1 or cfg.prompts_per_step % cfg.micro_batches:
+    if f["critic_lr_rule"] and f["critic_lr_rule"] not in ADAM_RULES:
+        raise _err("critic_lr_rule", f"{f['critic_lr_rule']!r} is unknown",
+                   f"use one of {', '.join(ADAM_RULES)}, or '' for the actor's lr_rule")
+    if cfg.algo != "ppo" and (cfg.critic_minibatches, cfg.critic_epochs) != (1, 1):
+        raise _err("critic_minibatches", f"GRPO has no critic (critic_minibatches="
+                   f"{cfg.critic_minibatches}, critic_epochs={cfg.critic_epochs})",
+                   "leave both at 1, or use --algo=ppo")
+    if cfg.critic_minibatches > 1 and \
+            cfg.prompts_per_step % (cfg.critic_minibatches * cfg.micro_batches):
+        raise _err("critic_minibatches", f"{cfg.critic_minibatches} minibatches x "
+                   f"{cfg.micro_batches} micro-batches do not divide the {cfg.prompts_per_step} "
+                   "prompts", "choose critic_minibatches * micro_batches dividing prompts_per_step")
+    if cfg.prompts_per_step % cfg.micro_batches:
         raise _err("micro_batches", f"{cfg.micro_batches} does not divide the "
                    f"{cfg.prompts_per_step} prompt groups (micro-batches hold whole groups)",
                    "choose a divisor of prompts_per_step")
-    if cfg.max_new_tokens < 1:
-        raise _err("max_new_tokens", f"must be >= 1, got {cfg.max_new_tokens}", "raise it")
     if f["dual_clip"] and f["dual_clip"] <= 1:
         raise _err("dual_clip", f"must be > 1 (or 0 to disable), got {f['dual_clip']}",
                    "use e.g. --dual_clip=3")
-    if cfg.gen_batch_ratio < 1:
-        raise _err("gen_batch_ratio", f"must be >= 1, got {cfg.gen_batch_ratio}",
-                   "use 1 (synchronous rollout) or k > 1 for B_gen = k * B_train")
-    if cfg.max_staleness < -1:
-        raise _err("max_staleness", f"must be >= 0 (or -1 for gen_batch_ratio - 1), got "
-                   f"{cfg.max_staleness}", "use e.g. --max_staleness=1")
     if cfg.gen_batch_ratio > 1 and cfg.staleness_bound == 0:
         raise _err("max_staleness", f"0 with gen_batch_ratio={cfg.gen_batch_ratio} keeps the "
                    "extra slots idle (no prompt may run ahead of the current policy)",
                    "use --max_staleness >= 1 (or -1 for gen_batch_ratio - 1)")
-    if cfg.rollout not in ROLLOUTS:
-        raise _err("rollout", f"{cfg.rollout!r} is unknown", f"use one of {ROLLOUTS}")
     if cfg.rollout == "generate" and cfg.partial_rollout:
         raise _err("rollout", "'generate' is the synchronous rollout, but gen_batch_ratio / "
                    "max_staleness ask for partial rollout", "use --rollout=auto")
-    if cfg.engine_steps < 1:
-        raise _err("engine_steps", f"must be >= 1, got {cfg.engine_steps}", "use e.g. 8")
-    if cfg.generate_chunk < 1:
-        raise _err("generate_chunk", f"must be >= 1, got {cfg.generate_chunk}",
-                   "use e.g. --generate_chunk=4096")
-    if cfg.eval_samples < 1 or cfg.eval_prompts < 1:
-        raise _err("eval_samples", "eval needs >= 1 prompt and >= 1 sample per prompt",
-                   "set --eval_prompts and --eval_samples >= 1")
-    if data_parallel is not None:
-        micro = cfg.batch_train // cfg.micro_batches
-        if micro % data_parallel:
-            raise _err("prompts_per_step", f"the micro-batch of {micro} responses "
-                       f"(P*G = {cfg.batch_train} / micro_batches = {cfg.micro_batches}) does not "
-                       f"divide over the {data_parallel} data-parallel devices",
-                       "make P*G/micro_batches a multiple of mesh_data*mesh_fsdp")
+    if cfg.target_margin and not cfg.target:
+        raise _err("target_margin", "is set but --target is 0 (no target stop)",
+                   "set --target too, or drop --target_margin")
+    if cfg.num_test_examples and cfg.eval_prompts > cfg.num_test_examples:
+        raise _err("eval_prompts", f"{cfg.eval_prompts} eval prompts but only "
+                   f"{cfg.num_test_examples} test examples", "lower --eval_prompts or raise "
+                   "--num_test_examples")
+    _check_paths(cfg)
+    _check_task(cfg)
+    _check_reward(cfg)
+    _check_wandb(cfg)
+    if data_parallel is not None and cfg.critic_minibatches > 1 and (
+            cfg.batch_train // (cfg.micro_batches * cfg.critic_minibatches)) % data_parallel:
+        raise _err("critic_minibatches", f"the critic's micro-batch of "
+                   f"{cfg.batch_train // (cfg.micro_batches * cfg.critic_minibatches)} responses "
+                   f"does not divide over the {data_parallel} data-parallel devices",
+                   "lower --critic_minibatches or --micro_batches")
+    if data_parallel is not None and (cfg.batch_train // cfg.micro_batches) % data_parallel:
+        raise _err("prompts_per_step", f"the micro-batch of {cfg.batch_train // cfg.micro_batches}"
+                   f" responses (P*G = {cfg.batch_train} / micro_batches = {cfg.micro_batches}) "
+                   f"does not divide over the {data_parallel} data-parallel devices",
+                   "make P*G/micro_batches a multiple of mesh_data*mesh_fsdp")
     if model_max_seq_len is not None and cfg.max_prompt_len + cfg.max_new_tokens > \
             model_max_seq_len:
         raise _err("max_prompt_len", f"max_prompt_len {cfg.max_prompt_len} + max_new_tokens "
                    f"{cfg.max_new_tokens} exceeds the model context {model_max_seq_len}",
                    "shorten prompts/responses or use a model with a longer context")
-    if cfg.task == "math_jsonl":
-        manual = cfg.task_kwargs.get("manual_dir", "")
-        if not manual or not os.path.isdir(os.path.expanduser(manual)):
-            raise _err("task_kwargs['manual_dir']", f"dataset directory {manual!r} not found",
-                       "pass --manual_dir=DIR holding the GSM8K/MATH JSONL files")
-    if cfg.hf_checkpoint and not os.path.isdir(os.path.expanduser(cfg.hf_checkpoint)):
-        raise _err("hf_checkpoint", f"directory {cfg.hf_checkpoint!r} not found",
-                   "point --hf_checkpoint at a directory with config.json and safetensors")
+
+
+def validate_for_devices(cfg: TrainConfig):
+    """`validate` with the mesh over this process's devices (imports JAX, compiles nothing);
+    returns the mesh."""
+    from jaxrl_scale import sharding as shd
+    validate(cfg)
+    mesh = check_mesh(cfg)
+    validate(cfg, data_parallel=shd.data_parallel_size(mesh))
+    return mesh
+
+
+# Fields a resumed run may change: when to stop, how often to checkpoint, where files are.
+# Anything else changes what the saved steps mean, so a resume with it changed is refused.
+RESUMABLE_FIELDS = ("run_dir", "max_steps", "max_responses", "target", "target_margin",
+                    "checkpoint_every", "data_dir", "tensorboard", "wandb_project", "wandb_mode")
+
+
+def resume_conflicts(saved: dict[str, Any], cfg: TrainConfig, ignore=()
+                     ) -> dict[str, tuple[Any, Any]]:
+    """{flat field: (saved value, new value)} of the fields that differ from a run
+    directory's config.json and may not change across a resume."""
+    old = TrainConfig.from_json(saved).flat()
+    new = cfg.flat()
+    skip = set(RESUMABLE_FIELDS) | set(ignore)
+    return {k: (old[k], new[k]) for k in new if k not in skip and old[k] != new[k]}
+
+
+def check_resume(cfg: TrainConfig, ignore=()) -> None:
+    """Refuse to continue a run directory that was started with another configuration
+    (its metrics would mix two runs); a directory without saved steps is not a resume."""
+    path = os.path.join(cfg.run_dir, "config.json")
+    has_steps = any(os.path.exists(os.path.join(cfg.run_dir, n))
+                    for n in ("metrics.jsonl", "checkpoints"))
+    if not (has_steps and os.path.exists(path)):
+        return
+    with open(path) as fh:
+        saved = json.load(fh)
+    diff = resume_conflicts(saved, cfg, ignore)
+    if diff:
+        shown = ", ".join(f"{k} (saved {a!r}, now {b!r})" for k, (a, b) in sorted(diff.items()))
+        raise _err(next(iter(sorted(diff))), f"{cfg.run_dir} holds a run with another "
+                   f"configuration: {shown}", "resume with the saved values, or use a new "
+                   f"--run_dir (fields that may change: {', '.join(RESUMABLE_FIELDS[1:])})")
 
 
 def write_config(run_dir: str, cfg: TrainConfig) -> None:

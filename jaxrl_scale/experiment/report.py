@@ -1106,6 +1106,35 @@ def _details(summary: dict) -> list[str]:
 # ----------------------------------------------------------------------------------- report
 
 
+def planner_lines(root: str, summary: dict, path, drawn: list) -> list[str]:
+    """A section per planner output in `root` (plan*.json, experiments/plan.py --json_out):
+    its predictions of r_N, r_q and T/T0 beside the measured ones (scaling.planner.compare),
+    and a figure of both, appended to `drawn`."""
+    import glob
+    import json
+    from jaxrl_scale.scaling import planner
+    md = []
+    for plan_path in sorted(glob.glob(os.path.join(root, "plan*.json"))):
+        with open(plan_path) as f:
+            plan = json.load(f)
+        rows = planner.compare(plan, summary)
+        if not rows:
+            continue
+        counts = planner.compare_counts(rows)
+        rec = plan["recommended"]
+        md += [f"## Planner predictions vs measured ({os.path.basename(plan_path)})", "",
+               f"Probe at B0 = {fmt(plan['reference_batch'])}: {plan.get('noise_of', 'actor')} "
+               f"B_simple = {fmt_ci(plan['B_simple'], plan['B_simple_ci'])}; recommended "
+               f"B = {fmt(rec['batch'])} (range {fmt(rec['range'][0])}..{fmt(rec['range'][1])}). "
+               "✓ measured point inside the predicted interval, ~ intervals overlap, x disjoint.",
+               "", planner.format_compare(rows), "",
+               "- " + "; ".join(f"{m}: {c['inside']}/{c['n']} inside, {c['overlap']}/{c['n']} "
+                                f"overlap" for m, c in counts.items()), ""]
+        stem = os.path.splitext(os.path.basename(plan_path))[0]
+        drawn.append(planner.plot_plan(plan, path(stem + "_vs_measured.png"), rows))
+    return md
+
+
 def write_report(sweep_dir: str | None, summary: dict, *, runs: Sequence[Run] | None = None,
                  out_dir: str | None = None) -> str:
     """Write report.md and the figures into ``out_dir`` (default ``sweep_dir``).
@@ -1169,6 +1198,7 @@ def write_report(sweep_dir: str | None, summary: dict, *, runs: Sequence[Run] | 
     det = _details(summary)
     if det:
         md += ["## Details", ""] + [f"- {s}" for s in det] + [""]
+    md += planner_lines(sweep_dir or out_dir, summary, p, drawn)
     md += ["## Figures", ""]
     for f in drawn:
         b = os.path.basename(f)

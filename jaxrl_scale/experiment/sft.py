@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import time
 
 import jax
@@ -85,12 +86,17 @@ def greedy_accuracy(model_cfg, params, tokenizer, examples, reward_fn, *, max_ne
     return float((np.concatenate(scores) > 0).mean())
 
 
+def sft_path(cfg: SFTConfig) -> str:
+    """Where `sft_warmstart(cfg)` keeps its params (known before it trains)."""
+    return os.path.join(os.path.expanduser(cfg.cache_dir), f"{cfg.task}_{cfg.key()}", "params")
+
+
 def sft_warmstart(cfg: SFTConfig, *, progress: bool = True, force: bool = False):
     """Train (or reuse the cached) warm-start. Returns (checkpoint_dir, info dict)."""
     from jaxrl_scale.data import reward_for_task
     from jaxrl_scale.models.tokenizer import CharTokenizer
 
-    out_dir = os.path.join(os.path.expanduser(cfg.cache_dir), f"{cfg.task}_{cfg.key()}")
+    out_dir = os.path.dirname(sft_path(cfg))
     info_path = os.path.join(out_dir, "info.json")
     if os.path.exists(info_path) and not force:
         with open(info_path) as f:
@@ -139,6 +145,8 @@ def sft_warmstart(cfg: SFTConfig, *, progress: bool = True, force: bool = False)
     info = {"config": {k: v for k, v in dataclasses.asdict(cfg).items()},
             "model_config": dataclasses.asdict(model_cfg), "steps": it, "accuracy": acc,
             "seconds": time.time() - t0, "history": history}
+    # params without info.json are an unfinished (or forced-over) entry: replace them
+    shutil.rmtree(os.path.join(out_dir, "params"), ignore_errors=True)
     checkpoint.save_pytree(os.path.join(out_dir, "params"), params, {"accuracy": acc})
     with open(info_path + ".tmp", "w") as f:
         json.dump(info, f, indent=2)

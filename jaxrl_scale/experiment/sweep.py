@@ -24,7 +24,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxrl_scale import sharding as shd
-from jaxrl_scale.experiment.config import TrainConfig, validate
+from jaxrl_scale.experiment.config import (ALGOS, ConfigError, TrainConfig, check_mesh,
+                                           check_resume, validate)
 from jaxrl_scale.experiment.train import is_finished, run_training
 
 TUNE_DIR = "_lr_tune"          # read_sweep skips "_"-prefixed directories: not study runs
@@ -81,8 +82,7 @@ STUDIES: dict[str, dict[str, Any]] = {
 
 def study_config(name: str, **overrides) -> SweepConfig:
     if name not in STUDIES:
-        raise ValueError(f"SweepConfig study {name!r} is unknown. Fix: use one of "
-                         f"{sorted(STUDIES)}.")
+        raise ConfigError("study", f"{name!r} is unknown", f"use one of {sorted(STUDIES)}")
     return SweepConfig(**{**STUDIES[name], **overrides})
 
 
@@ -227,23 +227,73 @@ def _run_all(cfgs: list[TrainConfig], desc: str, progress: bool,
     return errors, timings
 
 
-def _validate_all(sweep: SweepConfig, runs: list[TrainConfig], tune: list[TrainConfig]) -> None:
-    """Every configuration error surfaces before the first run starts."""
-    if not sweep.gen_batch_ratios or min(sweep.gen_batch_ratios) < 1:
-        raise ValueError(f"SweepConfig.gen_batch_ratios must be integers >= 1, got "
-                         f"{sweep.gen_batch_ratios}. Fix: e.g. --gen_batch_ratios=1,2 (1: "
-                         "synchronous rollout).")
+def _check_sweep_fields(sweep: SweepConfig) -> None:
+    from jaxrl_scale.optim import ADAM_RULES
+
+    def need(field: str, ok: bool, problem: str, fix: str) -> None:
+        if not ok:
+            raise ConfigError(field, problem, fix)
+
+    def ints(field: str, lo: int, example: str) -> None:
+        v = getattr(sweep, field)
+        need(field, all(isinstance(x, int) and x >= lo for x in v),
+             f"must be integers >= {lo}, got {v}", f"e.g. --{field}={example}")
+
+    need("algos", bool(sweep.algos) and set(sweep.algos) <= set(ALGOS),
+         f"{sweep.algos} is not a non-empty subset of {ALGOS}", "e.g. --algos=grpo,ppo")
+    need("prompts", bool(sweep.prompts), "is empty", "e.g. --prompts=8,16,32")
+    need("seeds", bool(sweep.seeds), "is empty", "e.g. --seeds=0,1,2")
+    need("group_sizes", bool(sweep.group_sizes), "is empty", "e.g. --group_sizes=8")
+    need("gen_batch_ratios", bool(sweep.gen_batch_ratios), "is empty",
+         "e.g. --gen_batch_ratios=1,2 (1: synchronous rollout)")
+    for field, lo, example in (("prompts", 1, "8,16,32"), ("group_sizes", 1, "4,8"),
+                               ("fixed_prompts", 1, "32,64"), ("ppo_prompts", 1, "64,128"),
+                               ("seeds", 0, "0,1,2"), ("gen_batch_ratios", 1, "1,2")):
+        ints(field, lo, example)
+    need("pairs", all(len(pg) == 2 and min(pg) >= 1 for pg in sweep.pairs),
+         f"must be PxG pairs of positive integers, got {sweep.pairs}", "e.g. --pairs=32x4")
+    bad = [r for r in sweep.lr_rules if r not in ADAM_RULES]
+    need("lr_rules", bool(sweep.lr_rules) and not bad, f"{bad or 'empty'} not among "
+         f"{ADAM_RULES}", f"use some of {', '.join(ADAM_RULES)}")
+    need("tune_lrs", all(lr > 0 for lr in sweep.tune_lrs),
+         f"learning rates must be > 0, got {sweep.tune_lrs}", "e.g. --tune_lrs=1e-4,2e-4")
+    for field in ("max_responses", "eval_every_responses", "tune_responses"):
+        v = getattr(sweep, field)
+        need(field, isinstance(v, int) and v >= 1, f"must be an integer >= 1, got {v!r}",
+             f"set --{field} to a positive number of responses")
+    for field in ("base_prompts", "base_group"):
+        v = getattr(sweep, field)
+        need(field, isinstance(v, int) and v >= 0, f"must be >= 0 (0: the smallest), got {v}",
+             f"set --{field} to a grid value or 0")
+    t = sweep.target
+    need("target", t == "auto" or (isinstance(t, (int, float)) and 0 <= t <= 1),
+         f"must be 'auto' or a score in [0, 1], got {t!r}", "e.g. --target=auto or 0.6")
+
+
+def validate_sweep(sweep: SweepConfig, base: TrainConfig,
+                   resume_base: TrainConfig | None = None) -> None:
+    """Every configuration error of the study (its own fields, every run's config, the mesh,
+    and run directories left by another configuration), before the first run starts: a
+    ConfigError naming the field. `resume_base`: the base the runs will really get (e.g. with
+    the warm-start path that is only trained later), for the run-directory check."""
+    _check_sweep_fields(sweep)
+    runs, tune = plan(sweep, base), tune_plan(sweep, base)
     for algo in sweep.algos:
         B0 = _reference_batch(sweep, algo)
         grid = sorted({c.batch_train for c in runs if c.algo == algo})
         if B0 not in grid:
-            raise ValueError(f"SweepConfig.base_prompts: the {algo} reference batch {B0} "
-                             f"(base_prompts x base_group) is not among the study's batches "
-                             f"{grid}. Fix: set --base_prompts to one of --prompts (0: the "
-                             "smallest).")
+            raise ConfigError("base_prompts", f"the {algo} reference batch {B0} (base_prompts x "
+                              f"base_group) is not among the study's batches {grid}",
+                              "set --base_prompts to one of --prompts (0: the smallest)")
+    mesh = check_mesh(base)
     for cfg in runs + tune:
-        mesh = shd.make_mesh(cfg.mesh_data, cfg.mesh_fsdp, cfg.mesh_tensor)
         validate(cfg, data_parallel=shd.data_parallel_size(mesh))
+    if resume_base is not None:
+        runs, tune = plan(sweep, resume_base), tune_plan(sweep, resume_base)
+    for cfg in tune:
+        check_resume(cfg)
+    for cfg in runs:        # their base_lr is the tuned one, known after tuning
+        check_resume(cfg, ignore=("base_lr",))
 
 
 def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
@@ -252,7 +302,7 @@ def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
     Returns the summary dict, with "errors" (failed runs) and, when the analysis itself could
     not run, "analysis_error"; a reference that misses the target is reported, not an error."""
     tune = tune_plan(sweep, base)
-    _validate_all(sweep, plan(sweep, base), tune)
+    validate_sweep(sweep, base)
     if sweep.compile_cache:
         enable_compile_cache()
     os.makedirs(sweep.sweep_dir, exist_ok=True)

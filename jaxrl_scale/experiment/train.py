@@ -35,8 +35,10 @@ from jaxrl_scale import sharding as shd
 from jaxrl_scale.checkpoint import Checkpointer, load_pytree
 from jaxrl_scale.experiment.batching import decode_responses
 from jaxrl_scale.experiment.common import load_splits, prompt_length
-from jaxrl_scale.experiment.config import TrainConfig, validate, write_config
+from jaxrl_scale.experiment.config import (TrainConfig, check_resume, validate,
+                                           validate_for_devices, write_config)
 from jaxrl_scale.experiment.metrics import MetricsLog
+from jaxrl_scale.experiment.writers import close_all, make_writers, write_all
 from jaxrl_scale.models import get_config, init_params, load_hf
 from jaxrl_scale.models.tokenizer import load_tokenizer
 from jaxrl_scale.rl.batch import RolloutBatch, rollout_batch
@@ -54,12 +56,15 @@ def is_finished(run_dir: str) -> bool:
     return os.path.exists(os.path.join(run_dir, DONE_FILE))
 
 
-def optimizer_for(cfg: TrainConfig, base_lr: float):
-    """(tx, lr_fn): Adam whose hyper-parameters follow optim.lr_rule in responses per update
-    (P*G), and the lr it uses at a given update count."""
+def optimizer_for(cfg: TrainConfig, base_lr: float, batch: int | None = None,
+                  rule: str = ""):
+    """(tx, lr_fn): Adam whose hyper-parameters follow `rule` (default optim.lr_rule) at
+    `batch` responses per update (default P*G) relative to base_batch, and the lr it uses at a
+    given update count."""
     o = cfg.optim
     base = optim.AdamHParams(lr=base_lr, b1=o.b1, b2=o.b2, eps=o.eps)
-    hp = optim.scaled_adam_hparams(base, cfg.batch_train, o.base_batch, o.lr_rule)
+    hp = optim.scaled_adam_hparams(base, batch or cfg.batch_train, o.base_batch,
+                                   rule or o.lr_rule)
     tx = optim.make_optimizer(hp, warmup_steps=o.warmup_steps,
                               max_grad_norm=o.max_grad_norm or None)
     return tx, functools.partial(optim.current_lr, hp, warmup_steps=o.warmup_steps)
@@ -94,18 +99,19 @@ class Run:
     """Holds the static pieces of one run (built once; the loop below is the orchestration)."""
 
     def __init__(self, cfg: TrainConfig):
-        validate(cfg)  # cheap checks first: nothing is loaded or compiled on bad input
+        # cheap checks first: nothing is loaded or compiled on bad input
+        self.mesh = validate_for_devices(cfg)
         self.cfg = cfg
-        self.mesh = shd.make_mesh(cfg.mesh_data, cfg.mesh_fsdp, cfg.mesh_tensor)
         self.tok = load_tokenizer(cfg.tokenizer)
-        from jaxrl_scale.data import PromptStream, reward_for_task
+        from jaxrl_scale.data import PromptStream, reward_for_task, user_reward
         self.train_src, self.test_src = load_splits(cfg.task, cfg.task_kwargs, cfg.data_dir,
                                                     cfg.num_train_examples,
                                                     cfg.num_test_examples)
         # The engine admits one prompt group at a time; the example order is the same.
         self.stream = PromptStream(self.train_src, 1 if cfg.use_engine else cfg.prompts_per_step,
                                    cfg.seed)
-        self.reward_fn = reward_for_task(cfg.task)
+        self.reward_fn = user_reward(cfg.reward_fn, timeout_s=cfg.reward_timeout_s or None) \
+            if cfg.reward_fn else reward_for_task(cfg.task)
         self.model_cfg, params = _model(cfg, self.tok)
         self.prompt_len = prompt_length(
             self.tok, [("train", self.train_src), ("test", self.test_src)], cfg.max_prompt_len,
@@ -124,12 +130,21 @@ class Run:
             self.step_fn = make_train_step(grpo_step, self.states, mesh=self.mesh, tx=tx,
                                            lr_fn=lr_fn, group_size=cfg.group_size, **common)
         else:
-            ctx, clr_fn = optimizer_for(cfg, cfg.optim.critic_base_lr)
+            ctx, clr_fn = optimizer_for(cfg, cfg.optim.critic_base_lr,
+                                        cfg.batch_train // cfg.critic_minibatches,
+                                        cfg.optim.critic_lr_rule)
             critic = init_critic_from_actor(self.params, jax.random.PRNGKey(cfg.seed + 1))
             self.states += (_state(self.mesh, self.model_cfg, critic, ctx, cfg.seed + 1),)
             self.step_fn = make_train_step(ppo_step, self.states, mesh=self.mesh, actor_tx=tx,
                                            critic_tx=ctx, actor_lr_fn=lr_fn,
-                                           critic_lr_fn=clr_fn, **common)
+                                           critic_lr_fn=clr_fn,
+                                           critic_minibatches=cfg.critic_minibatches,
+                                           critic_epochs=cfg.critic_epochs, **common)
+        self.critic_schedule = None if cfg.algo != "ppo" else {
+            "critic_updates": cfg.critic_minibatches * cfg.critic_epochs,
+            "critic_batch": cfg.batch_train // cfg.critic_minibatches,
+            "critic_micro_batch_size": cfg.batch_train // (cfg.critic_minibatches *
+                                                           cfg.micro_batches)}
         # KL to a frozen reference: the initial policy (rebuilt the same way on resume).
         # (Off-policy rollouts need no scoring pass: cfg.loss.decoupled, see LossConfig.)
         self.ref_params = self.score_ref = None
@@ -266,7 +281,7 @@ class Run:
             metrics = jax.device_get(metrics)
             rec["update_s"] = time.perf_counter() - t2  # reference + update, transfers included
             rec.update(step_metrics(metrics, cfg.batch_train // cfg.micro_batches,
-                                    cfg.optim.max_grad_norm))
+                                    cfg.optim.max_grad_norm, self.critic_schedule))
         rec.update(
             reward_mean=float(rewards_B.mean()), accuracy=float((rewards_B > 0).mean()),
             response_len=float(len_B.mean()), **accounting,
@@ -307,14 +322,25 @@ def eval_se(ok_PK: np.ndarray) -> float | None:
     return float(np.sqrt(var_P.sum() / K) / P)
 
 
-def step_metrics(m: dict, micro_batch_size: int, max_grad_norm: float) -> dict[str, Any]:
+def step_metrics(m: dict, micro_batch_size: int, max_grad_norm: float,
+                 critic: dict | None = None) -> dict[str, Any]:
     """The update's metrics as JSON, under the step's own names (README, "Metrics"): scalars
-    as floats, micro-batch norms as lists; adds micro_batch_size and whether clipping acted."""
-    out: dict[str, Any] = {}
+    as floats, micro-batch norms as lists; adds micro_batch_size and whether clipping acted.
+
+    critic: the PPO critic's schedule {"critic_updates", "critic_batch",
+    "critic_micro_batch_size"}, recorded as is. With several critic updates per rollout its
+    metrics carry a leading [updates] axis and are logged as means over the updates (the
+    squared norms stay unbiased estimates of E|g|^2 at the critic's own batch sizes, which
+    the noise scale reads from these fields).
+    """
+    out: dict[str, Any] = dict(critic or {})
+    reduce = bool(critic) and critic["critic_updates"] > 1
     for k, v in m.items():
         if k.endswith("grads"):
             continue
         a = np.asarray(v)
+        if reduce and k.startswith("critic_"):
+            a = a.mean(axis=0)
         out[k] = a.reshape(-1).tolist() if a.ndim else float(a)
     out["micro_batch_size"] = micro_batch_size
     if max_grad_norm:
@@ -366,6 +392,7 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
     eval0_cache: a directory where runs share their step-0 eval (see `initial_eval`).
     Returns the final record with "finished" True when the run reached its end.
     """
+    check_resume(cfg)   # a directory of another configuration is refused, before any work
     run = Run(cfg)
     compile_s = run.compile()
     os.makedirs(cfg.run_dir, exist_ok=True)
@@ -374,17 +401,29 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
     ckpt = Checkpointer(os.path.join(cfg.run_dir, "checkpoints"))
     counters = {"step": 0, "responses": 0, "responses_generated": 0, "time_s": 0.0,
                 "reached_at": None}
-    if ckpt.latest_step() is not None:
+    resumed = ckpt.latest_step() is not None
+    if resumed:   # the newest checkpoint that reads (checkpoint.py falls back past bad ones)
         run.states, meta = ckpt.restore(None, run.states)
         run.states = tuple(run.states)
         counters.update(meta["counters"])
         run.stream.restore(meta["data_position"])
         run.reward_fn.failures = meta.get("reward_failures", 0)
         log.truncate_after(counters["step"])
-    else:
+    # TensorBoard / W&B get every record metrics.jsonl gets; the steps after the restored
+    # checkpoint are replayed, so the writers hide what a killed attempt logged from there.
+    writers = make_writers(cfg.run_dir, tensorboard=cfg.tensorboard,
+                           wandb_project=cfg.wandb_project, wandb_mode=cfg.wandb_mode or None,
+                           config=cfg.to_json(),
+                           purge_step=counters["step"] + 1 if resumed else 0)
+
+    def emit(record: dict) -> None:
+        log.write(record)
+        write_all(writers, record)
+
+    if not resumed:
         log.truncate_after(-1)
         ev = initial_eval(run, eval0_cache)  # the untrained score: curves start at N = 0
-        log.write({"step": 0, "responses": 0, "time_s": 0.0, **ev, "compile_s": compile_s})
+        emit({"step": 0, "responses": 0, "time_s": 0.0, **ev, "compile_s": compile_s})
         if cfg.target and ev["score"] >= cfg.target:
             counters["reached_at"] = 0
 
@@ -418,16 +457,15 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
         counters["responses"] += rec["retained"]
         counters["responses_generated"] += rec["generated"]
         counters["time_s"] += time.perf_counter() - t0
-        log.write({"step": step, "responses": counters["responses"],
-                   "responses_generated": counters["responses_generated"],
-                   "time_s": counters["time_s"], **rec})
+        emit({"step": step, "responses": counters["responses"],
+              "responses_generated": counters["responses_generated"],
+              "time_s": counters["time_s"], **rec})
         if step % cfg.eval_every == 0:
             t_eval = time.perf_counter()
             ev = run.evaluate(step)
             last_score = ev["score"]
-            log.write({"step": step, "responses": counters["responses"],
-                       "time_s": counters["time_s"], **ev,
-                       "eval_s": time.perf_counter() - t_eval})
+            emit({"step": step, "responses": counters["responses"],
+                  "time_s": counters["time_s"], **ev, "eval_s": time.perf_counter() - t_eval})
             if cfg.target and counters["reached_at"] is None and ev["score"] >= cfg.target:
                 counters["reached_at"] = counters["responses"]
         if step % cfg.checkpoint_every == 0:
@@ -445,4 +483,5 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
         with open(os.path.join(cfg.run_dir, DONE_FILE), "w") as f:
             json.dump(dict(counters), f)
     ckpt.close()
+    close_all(writers)
     return {**counters, "finished": done}

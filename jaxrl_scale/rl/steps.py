@@ -463,6 +463,7 @@ def ppo_step(actor_state: TrainState, critic_state: TrainState, batch: RolloutBa
              cfg: ModelConfig, actor_tx: optax.GradientTransformation,
              critic_tx: optax.GradientTransformation, loss_cfg: LossConfig = LossConfig(),
              micro_batches: int = 1, num_minibatches: int = 1, epochs: int = 1,
+             critic_minibatches: Optional[int] = None, critic_epochs: Optional[int] = None,
              remat: bool = False, actor_lr_fn: Optional[Callable] = None,
              critic_lr_fn: Optional[Callable] = None, with_grads: bool = False):
     """PPO update of an actor and a critic from one rollout batch.
@@ -472,6 +473,11 @@ def ppo_step(actor_state: TrainState, critic_state: TrainState, batch: RolloutBa
     (whitened over the batch) and returns. The actor takes the clipped-surrogate update of
     `grpo_step`; the critic minimises the clipped value loss. Separate params and optimizers
     (so separate lr rules); per-network metrics are named actor_* / critic_* (the actor's lr: lr).
+
+    The critic has its own schedule: `critic_minibatches` x `critic_epochs` optimizer updates
+    per rollout (None: the actor's num_minibatches / epochs), because its gradient noise, and
+    so its critical batch, differs from the actor's (SCIENCE.md section 5). Both read the same
+    pre-update values for GAE, so the actor's update does not depend on the critic's schedule.
     Returns (actor_state, critic_state, metrics).
     """
     gae_out = ppo_advantages(cfg, critic_state.params, batch, loss_cfg, micro_batches)
@@ -486,8 +492,10 @@ def ppo_step(actor_state: TrainState, critic_state: TrainState, batch: RolloutBa
                                       **common)
     actor_state, am = _multi_update(actor_update, actor_state, actor_data, num_minibatches,
                                     epochs)
-    critic_state, cm = _multi_update(critic_update, critic_state, critic_data,
-                                     num_minibatches, epochs)
+    critic_state, cm = _multi_update(
+        critic_update, critic_state, critic_data,
+        num_minibatches if critic_minibatches is None else critic_minibatches,
+        epochs if critic_epochs is None else critic_epochs)
     metrics = {**_named(am, "actor"), **_named(cm, "critic")}
     mask_BS = gae_out["mask_BS"]
     metrics["value_mean"] = jnp.sum(gae_out["values_BS"] * mask_BS) / jnp.maximum(

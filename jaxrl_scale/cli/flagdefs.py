@@ -13,6 +13,8 @@ import typing
 
 from absl import flags
 
+from jaxrl_scale.experiment.config import ConfigError
+
 
 def _leaves(cls, instance=None, prefix=""):
     """(flat name, dotted path, default, type hint) of every leaf field of `cls`."""
@@ -64,9 +66,11 @@ def _parse(name: str, raw, default, hint):
         try:
             value = json.loads(raw) if raw else {}
         except json.JSONDecodeError as e:
-            raise ValueError(f"--{name} must be a JSON object, got {raw!r}: {e}") from e
+            raise ConfigError(name, f"{raw!r} is not JSON ({e})",
+                              f"""pass a JSON object, e.g. --{name}='{{"digits": 2}}'""") from None
         if not isinstance(value, dict):
-            raise ValueError(f"--{name} must be a JSON object, got {raw!r}")
+            raise ConfigError(name, f"must be a JSON object, got {raw!r}",
+                              f"""pass e.g. --{name}='{{"digits": 2}}'""")
         return value
     if not isinstance(default, tuple):
         if isinstance(raw, str) and float in typing.get_args(hint):   # e.g. `float | str`
@@ -85,7 +89,7 @@ def _parse(name: str, raw, default, hint):
     except ValueError:
         want = "PxG items, e.g. 32x4" if typing.get_origin(item) is tuple else \
             f"comma-separated {item.__name__} values"
-        raise ValueError(f"--{name}={raw}: give {want}") from None
+        raise ConfigError(name, f"cannot parse {raw!r}", f"give {want}") from None
 
 
 def values_from_flags(cls, *, skip=(), only_present=False) -> dict:

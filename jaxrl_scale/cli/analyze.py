@@ -1,0 +1,62 @@
+r"""Analyse a sweep: N*, q, r_N, r_q, T/T0 with 90% intervals and a verdict per config,
+summary.json and a report with figures.
+
+    python experiments/analyze.py --sweep_dir=DIR [--target=0.6|auto] [--reference=CONFIG]
+    python experiments/analyze.py --csv=run.csv \
+        --columns=step:global_step,responses:samples,time_s:wall,score:val_acc --target=0.6
+
+Writes OUT/summary.json ({"reference", "target", "runs": {...}, "best", ...}) and
+OUT/report.md + PNGs; prints the table. Needs no JAX.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags
+
+from jaxrl_scale.cli import print_summary, run_main
+from jaxrl_scale.experiment.report import analyze_and_report
+from jaxrl_scale.scaling.analysis import AnalysisError
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("sweep_dir", None, "Directory whose subdirectories are runs "
+                    "(config.json + metrics.jsonl).")
+flags.DEFINE_string("target", "auto", "Validation score target J*, or 'auto': the reference's "
+                    "start + half of what all its seeds reach (at least 3 eval SEs).")
+flags.DEFINE_string("reference", None, "Reference run or config name (default, per algorithm: "
+                    "the config at the sweep's base_batch, else the smallest sqrt-lr batch).")
+flags.DEFINE_float("tolerance", 0.25, "Critical training batch: largest B whose r_N interval "
+                   "stays below 1 + tol.")
+flags.DEFINE_float("ci_level", 0.9, "Level of every interval.")
+flags.DEFINE_integer("n_boot", 1000, "Bootstrap replicates.")
+flags.DEFINE_bool("fit_sigmoid", False, "Also fit the ScaleRL sigmoid J(N) per run.")
+flags.DEFINE_multi_string("csv", [], "CSV of an external run (repeatable); joins the sweep.")
+flags.DEFINE_string("columns", None, "CSV column map ours:theirs,... e.g. "
+                    "step:global_step,responses:samples,time_s:wall,score:val_acc")
+flags.DEFINE_string("out", None, "Output directory (default: sweep_dir).")
+
+
+def main(argv):
+    del argv
+    if FLAGS.sweep_dir is None and not FLAGS.csv:
+        raise app.UsageError("give --sweep_dir or --csv")
+    try:
+        summary = analyze_and_report(FLAGS.sweep_dir, FLAGS.target, FLAGS.reference,
+                                     FLAGS.tolerance, FLAGS.fit_sigmoid, csv=FLAGS.csv,
+                                     columns=FLAGS.columns, out=FLAGS.out,
+                                     ci_level=FLAGS.ci_level, n_boot=FLAGS.n_boot)
+    except (AnalysisError, FileNotFoundError, ValueError) as e:
+        print(f"analyze.py: error: {e}", file=sys.stderr)
+        return 1
+    print_summary(summary)
+    return 0
+
+
+def run():
+    """Console-script entry point."""
+    run_main(main, __name__)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,294 @@
+r"""Plan the batch size before a sweep: from one probe run at the reference batch B0 and a
+step-time fit, predict r_N(B), r_q(B) and T/T0 = r_N / r_q with intervals at candidate batches
+and recommend the batch range that minimises time to target (SCIENCE.md sections 1, 3, 5;
+jaxrl_scale/scaling/planner.py has the math and the range rule).
+
+    python experiments/plan.py --probe_run=runs/grpo_P16_G8_sqrt_s0 --target=0.27 \
+        --time_batches=64,128,256 --batches=64,128,256,512,1024      # timing pass (JAX)
+    python experiments/plan.py --probe_run=RUN --timings_json=timings.json
+    python experiments/plan.py --probe_run=RUN --step_times_from=SWEEP_DIR  # sweep's records
+    python experiments/plan.py --probe_run=RUN --chip=H100 --model=qwen2_0.5b --prompt_len=256
+    python experiments/plan.py ... --compare=SWEEP/summary.json   # predictions vs measured
+
+Exactly one throughput source (--chip: jaxrl_scale.scaling.roofline.roofline_fit at the
+candidates and B0, no throughput interval). --probe_run takes several run dirs (seeds of one
+config): their updates are pooled. Writes OUT_DIR/plan.json (docs/API.md "Planner output"; or
+--json_out), plan.png, timings.json (the timing entries, unless --chip) and,
+with --compare, compare.json + compare.md. Bad input: one line `error: ...` and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from absl import flags
+
+from jaxrl_scale.cli import one_line_errors, quiet_logging, run_main
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("probe_run", [], "Run dir(s) at the reference batch B0 (config.json + "
+                  "metrics.jsonl with the gradient-norm fields); several = seeds, pooled.")
+flags.DEFINE_list("batches", [], "Candidate batches (responses per update); default "
+                  "B0/4 .. 8 B0 in doublings.")
+flags.DEFINE_enum("noise_of", "actor", ["actor", "critic"], "Network whose B_simple is "
+                  "B_crit (PPO: both are reported under by_network).")
+flags.DEFINE_float("n_star", None, "Reference's responses to target N*: B_simple is taken "
+                   "over the updates in [N*(1-w), N*(1+w)].")
+flags.DEFINE_float("target", None, "Target score J*: N* is where the probe runs' (isotonic) "
+                   "eval curves first reach it. Without --n_star/--target: the whole run.")
+flags.DEFINE_float("window", 0.5, "Relative half width w of the N* window.")
+flags.DEFINE_string("timings_json", None, "Timing-pass JSON: [{batch, batch_gen, gen_s: [...], "
+                    "train_s: [...]}, ...] (experiment.timing.time_batches output).")
+flags.DEFINE_list("time_batches", [], "Run a timing pass at these batches on the probe's "
+                  "config (needs JAX and the probe's data and checkpoint).")
+flags.DEFINE_string("step_times_from", None, "Sweep dir (or study dir with logs/): its runs' "
+                    "own step-time records stand in for a timing pass.")
+flags.DEFINE_integer("timing_warmup", 2, "Timing pass: untimed (compiling) steps first.")
+flags.DEFINE_integer("timing_steps", 3, "Timing pass: timed steps per batch (0 with "
+                     "--step_times_from: every update after the warmup).")
+flags.DEFINE_string("chip", None, "Roofline spec instead of a timing pass (e.g. H100, H200, "
+                    "v5e); with --model and --prompt_len.")
+flags.DEFINE_string("model", None, "Roofline: model preset (default: the probe's config).")
+flags.DEFINE_integer("prompt_len", None, "Roofline: prompt tokens per sequence.")
+flags.DEFINE_float("gen_batch_ratio", None, "k = B_gen / B_train of the planned runs "
+                   "(default: the probe's).")
+flags.DEFINE_integer("n_boot", 1000, "Bootstrap replicates (noise scale and step-time fit).")
+flags.DEFINE_integer("block", 0, "Moving-block length in updates (0: n^(1/3)).")
+flags.DEFINE_integer("n_windows", 8, "Windows of the B_simple trajectory.")
+flags.DEFINE_float("ci_level", 0.9, "Level of every interval.")
+flags.DEFINE_integer("seed", 0, "Bootstrap seed.")
+flags.DEFINE_string("out_dir", "results/plan", "Where plan.json, plan.png, ... go.")
+flags.DEFINE_string("json_out", None, "Planner JSON path (default OUT_DIR/plan.json); the "
+                    "other files go beside it.")
+flags.DEFINE_string("compare", None, "summary.json of a sweep (experiments/analyze.py): "
+                    "predictions beside its measured r_N, r_q, T/T0.")
+
+
+def _numbers(name: str, values) -> list[float]:
+    from jaxrl_scale.experiment.config import ConfigError
+    out = []
+    for v in values:
+        try:
+            x = float(v)
+        except ValueError:
+            raise ConfigError(name, f"{v!r} is not a number", f"pass e.g. --{name}=64,128,256") \
+                from None
+        if not x > 0:
+            raise ConfigError(name, f"{v!r} is not positive", f"pass e.g. --{name}=64,128,256")
+        out.append(x)
+    return out
+
+
+def _fit(runs) -> dict:
+    """The step-time fit from the one throughput source given (scaling.planner.fit_step_times
+    on timing entries, or the roofline's fit), with "timings_source" saying which."""
+    from jaxrl_scale.experiment.config import ConfigError
+    from jaxrl_scale.scaling import planner
+    given = [n for n in ("timings_json", "time_batches", "step_times_from", "chip")
+             if FLAGS[n].value]
+    if len(given) != 1:
+        raise ConfigError("timings_json", "no throughput source given" if not given else
+                          f"several throughput sources given ({', '.join(given)})",
+                          "pass exactly one of --timings_json, --time_batches, "
+                          "--step_times_from, --chip")
+    src = given[0]
+    if src == "chip":
+        return _roofline(runs)
+    if src == "timings_json":
+        try:
+            with open(FLAGS.timings_json) as f:
+                timings = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError("timings_json", f"cannot read {FLAGS.timings_json!r} ({e})",
+                              "pass a JSON list written by a timing pass") from None
+        what = f"timing pass from {FLAGS.timings_json}"
+    elif src == "step_times_from":
+        pool, like = planner.like_probe(planner.sweep_runs(FLAGS.step_times_from), runs[0])
+        timings = planner.timings_from_runs(pool, FLAGS.timing_warmup, FLAGS.timing_steps)
+        steps = f"{FLAGS.timing_steps} timed" if FLAGS.timing_steps else "all"
+        what = (f"step-time records of {FLAGS.step_times_from} (runs with the probe's {like}): "
+                f"{steps} updates after {FLAGS.timing_warmup} warm-up, per run")
+    else:
+        batches = [int(b) for b in _numbers("time_batches", FLAGS.time_batches)]
+        try:
+            from jaxrl_scale.experiment.timing import time_batches
+        except ImportError as e:
+            raise ConfigError("time_batches", f"no timing pass in this checkout ({e})",
+                              "pass --timings_json or --step_times_from") from None
+        from jaxrl_scale.experiment.config import TrainConfig
+        timings = time_batches(TrainConfig.from_json(runs[0].config), batches,
+                               warmup=FLAGS.timing_warmup, steps=FLAGS.timing_steps or 3)
+        what = f"timing pass at {batches} on {runs[0].path}'s config"
+    fit = planner.fit_step_times(timings, n_boot=FLAGS.n_boot, seed=FLAGS.seed)
+    fit["timings_source"] = what
+    return fit
+
+
+def _roofline(runs) -> dict:
+    """The roofline's straight-line fit at the candidate batches and B0 (scaling.roofline;
+    no bootstrap: no throughput interval). Response lengths: the probe's per-update means."""
+    from jaxrl_scale.experiment.config import ConfigError
+    from jaxrl_scale.scaling import io as sio
+    try:
+        from jaxrl_scale.scaling.roofline import roofline_fit
+    except ImportError as e:
+        raise ConfigError("chip", f"no roofline model in this checkout ({e})",
+                          "pass --timings_json, --time_batches or --step_times_from") from None
+    from jaxrl_scale.models import get_config
+    name = FLAGS.model or sio.config_get(runs[0].config, "model")
+    if not name:
+        raise ConfigError("model", "no model preset given and the probe's config has none",
+                          "pass --model=PRESET")
+    try:
+        cfg = get_config(name)
+    except (KeyError, ValueError) as e:
+        raise ConfigError("model", f"unknown preset {name!r} ({e})", "pass a preset of "
+                          "jaxrl_scale.models") from None
+    if not FLAGS.prompt_len:
+        raise ConfigError("prompt_len", "the roofline needs the prompt length",
+                          "pass --prompt_len=TOKENS")
+    lens = [max(1, round(r["response_len"])) for r in runs[0].train
+            if isinstance(r.get("response_len"), (int, float))]
+    if not lens:
+        raise ConfigError("probe_run", "no training record carries response_len",
+                          "pass a probe run logged by jaxrl-train")
+    b0 = runs[0].batch
+    batches = sorted(set(_numbers("batches", FLAGS.batches)) | {b0, 2 * b0})
+    try:
+        fit = dict(roofline_fit(cfg, FLAGS.chip, [int(b) for b in batches], FLAGS.prompt_len,
+                                lens))
+    except (KeyError, ValueError) as e:
+        raise ConfigError("chip", f"roofline for {FLAGS.chip!r} failed ({e})",
+                          "pass a chip of jaxrl_scale.bench.CHIPS, e.g. --chip=H100") from None
+    fit["source"] = "jaxrl_scale.scaling.roofline.roofline_fit"
+    fit["timings_source"] = f"roofline spec ({FLAGS.chip}, model {name})"
+    return fit
+
+
+def _print(result: dict) -> None:
+    print(f"reference batch B0 = {result['reference_batch']:g}; {result['noise_of']} B_simple "
+          f"(N* window) = {_ci(result['B_simple'], result['B_simple_ci'])}")
+    print("| B | r_N | r_q | T/T0 | in range |\n|---|---|---|---|---|")
+    for p in result["predictions"]:
+        print(f"| {p['batch']:g} | {_ci(p['r_N'], p['r_N_ci'])} | {_ci(p['r_q'], p['r_q_ci'])} "
+              f"| {_ci(p['T_over_T0'], p['T_over_T0_ci'])} | {'yes' if p['in_range'] else ''} |")
+    th = result["throughput"]
+    print(f"step-time fit ({th['source']}; {th.get('timings_source', '')}): t_gen = "
+          f"{th['d0']:.4g} + {th['d1']:.4g} B_gen s, t_train = {th['overhead']:.4g} + "
+          f"{th['gamma']:.4g} B s")
+    if th.get("check"):
+        print("  fitted vs timed seconds per update: " + ", ".join(
+            f"B={c['batch']:g} {c['rel_err']:+.1%}" for c in th["check"]))
+    rec = result["recommended"]
+    print(f"recommended B = {rec['batch']:g}, range [{rec['range'][0]:g}, {rec['range'][1]:g}]")
+    cs = result.get("critic_schedule")
+    if cs:
+        print(f"critic (its own noise scale): recommended batch per update {cs['critic_batch']:g}"
+              f" -> at B = {cs['at_batch']:g} use --critic_minibatches={cs['critic_minibatches']}"
+              f" ({cs['critic_batch_per_update']:g} responses per critic update)")
+
+
+def _ci(v, ci) -> str:
+    from jaxrl_scale.scaling.planner import _fmt_ci
+    return _fmt_ci(v, ci)
+
+
+def main(argv):
+    del argv
+    quiet_logging()
+    with one_line_errors():
+        _plan()
+    return 0
+
+
+def _plan() -> None:
+    from jaxrl_scale.experiment.config import ConfigError
+    from jaxrl_scale.scaling import planner
+    try:
+        if not FLAGS.probe_run:
+            raise ConfigError("probe_run", "no probe run given", "pass --probe_run=RUN_DIR "
+                              "(a run at the reference batch)")
+        runs = planner.read_runs(FLAGS.probe_run)
+        fit = _fit(runs)
+        result = planner.plan(
+            runs, fit, _numbers("batches", FLAGS.batches) or None, who=FLAGS.noise_of,
+            n_star=FLAGS.n_star, target=FLAGS.target, half_width=FLAGS.window,
+            gen_batch_ratio=FLAGS.gen_batch_ratio, n_boot=FLAGS.n_boot,
+            block=FLAGS.block or None, n_windows=FLAGS.n_windows, level=FLAGS.ci_level,
+            seed=FLAGS.seed)
+        summary = None
+        if FLAGS.compare:
+            try:
+                with open(FLAGS.compare) as f:
+                    summary = json.load(f)
+            except (OSError, json.JSONDecodeError) as e:
+                raise ConfigError("compare", f"cannot read {FLAGS.compare!r} ({e})",
+                                  "pass the summary.json experiments/analyze.py wrote") from None
+            if not isinstance(summary, dict) or "configs" not in summary:
+                raise ConfigError("compare", f"{FLAGS.compare!r} has no \"configs\"",
+                                  "pass the summary.json experiments/analyze.py wrote")
+    except planner.PlanError as e:
+        raise ConfigError(e.field, e.problem, e.fix) from None
+
+    json_out = FLAGS.json_out or os.path.join(FLAGS.out_dir, "plan.json")
+    out_dir = os.path.dirname(json_out) or "."
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.splitext(json_out)[0]
+    if fit.get("timings"):
+        with open(os.path.join(out_dir, "timings.json"), "w") as f:
+            json.dump(planner.to_jsonable(fit["timings"]), f, indent=1)
+    rows = None
+    if summary is not None:
+        comp = {net: planner.compare(result, summary, network=net)
+                for net in result["by_network"]}
+        rows = comp[result["noise_of"]]
+        g = result["group_size"]
+        counts = {net: planner.compare_counts(r) for net, r in comp.items()}
+        counts_g = {net: planner.compare_counts(r, g) for net, r in comp.items()}
+        checks = {net: planner.recommendation_check(
+            dict(result, recommended=result["by_network"][net]["recommended"]), summary, r)
+            for net, r in comp.items()}
+        with open(os.path.join(out_dir, "compare.json"), "w") as f:
+            json.dump(planner.to_jsonable({
+                "summary": FLAGS.compare, "plan": json_out, "rows": comp, "counts": counts,
+                "counts_same_group_size": counts_g, "recommendation": checks}), f, indent=1)
+        md = [f"# Planner predictions vs {FLAGS.compare}\n",
+              "✓: measured point inside the predicted interval; ~: only the intervals "
+              "overlap; x: disjoint. Intervals at "
+              f"{result['ci_level']:.0%}.\n"]
+        for net, r in comp.items():
+            bs = result["by_network"][net]
+            ck = checks[net]
+            md += [f"## B_crit = {net} B_simple = {_ci(bs['B_simple'], bs['B_simple_ci'])}\n",
+                   planner.format_compare(r), ""]
+            for label, cs in (("all non-reference configs", counts[net]),
+                              (f"G = {g} only", counts_g[net])):
+                md.append(f"- {label}: " + "; ".join(
+                    f"{m} {c['inside']}/{c['n']} inside, {c['overlap']}/{c['n']} overlap, "
+                    f"median |log(pred/meas)| {_ci(c['median_abs_log_error'], None)}"
+                    for m, c in cs.items()))
+            md += [f"- recommended B = {ck['recommended']:g} (range {ck['range'][0]:g}.."
+                   f"{ck['range'][1]:g}); measured fastest (G = {g}): "
+                   f"{ck['measured_fastest']} (B = {_ci(ck['measured_fastest_batch'], None)}); "
+                   f"sweep's best set at G = {g}: B = {ck['measured_best_set_batches']}", ""]
+        with open(os.path.join(out_dir, "compare.md"), "w") as f:
+            f.write("\n".join(md) + "\n")
+    with open(json_out, "w") as f:
+        json.dump(planner.to_jsonable(result), f, indent=1)
+    png = planner.plot_plan(result, stem + ".png", rows)
+    _print(result)
+    for w in result["warnings"]:
+        print(f"warning: {w}")
+    if rows is not None:
+        print(planner.format_compare(rows))
+    print(f"wrote {json_out} and {png}" + (f", {out_dir}/compare.md" if rows is not None else ""))
+
+
+def run():
+    """Console-script entry point."""
+    run_main(main, __name__)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,50 @@
+"""One GRPO or PPO run with every TrainConfig field as a flag; resumes from --run_dir.
+
+    python experiments/train.py --run_dir=runs/grpo --algo=grpo --prompts_per_step=32 \
+        --group_size=8 --lr_rule=sqrt --max_steps=200
+    python experiments/train.py --run_dir=runs/ppo --algo=ppo --group_size=1 --prompts_per_step=256
+
+With the built-in character model and no --init_checkpoint, --warmstart (default on) first
+trains or reuses the cached SFT warm-start (jaxrl-sft) on the same task.
+"""
+from absl import flags
+
+from jaxrl_scale.cli import flagdefs, one_line_errors, quiet_logging, run_main
+from jaxrl_scale.experiment.config import TrainConfig, check_resume, validate_for_devices
+from jaxrl_scale.experiment.sft import SFTConfig, sft_config_for, sft_path, sft_warmstart
+from jaxrl_scale.experiment.train import run_training
+
+flagdefs.define_from_dataclass(TrainConfig)
+flags.DEFINE_bool("warmstart", True, "Start from the cached SFT warm-start (built-in model).")
+flags.DEFINE_float("warmstart_accuracy", SFTConfig.target_accuracy,
+                   "Held-out greedy accuracy the warm-start stops at.")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    quiet_logging()
+    with one_line_errors():    # every bad input, before any data, model or compile
+        cfg = flagdefs.build_from_flags(TrainConfig)
+        validate_for_devices(cfg)
+        sft = None
+        if FLAGS.warmstart and not (cfg.init_checkpoint or cfg.hf_checkpoint):
+            sft = sft_config_for(cfg, FLAGS.warmstart_accuracy)
+        check_resume(cfg.replace(init_checkpoint=sft_path(sft)) if sft else cfg)
+    if sft is not None:
+        path, info = sft_warmstart(sft)
+        print(f"warm-start: {path} (greedy held-out accuracy {info['accuracy']:.3f})")
+        cfg = cfg.replace(init_checkpoint=path)
+    with one_line_errors():    # inputs only the data can check (e.g. a too-long prompt)
+        out = run_training(cfg)
+    print(f"run {cfg.run_dir}: step {out['step']}, {out['responses']} responses, "
+          f"{out['time_s']:.0f} s, finished={out['finished']}")
+
+
+def run():
+    """Console-script entry point."""
+    run_main(main, __name__)
+
+
+if __name__ == "__main__":
+    run()

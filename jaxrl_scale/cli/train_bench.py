@@ -1,0 +1,146 @@
+r"""GRPO update throughput (tokens/s) and MFU against the matmul peak of this process.
+
+One call = one full GRPO update (forward, backward accumulated over --micro_batches in a
+lax.scan, clip, Adam) on --batch sequences of --seq_len tokens, jitted with the state donated.
+Reported per micro-batch count: median wall seconds of --repeats timed updates after a
+compiling warm-up, tokens/s, achieved FLOP/s and its fraction of the float32 matmul peak
+measured in the same process (bench.matmul_peak; the largest of the measurements taken before
+and after each setting, so a busy moment on a shared machine cannot inflate the MFU).
+
+FLOPs per update (printed with the results):
+    6 * P_matmul * B * T                      dense matmuls, forward + backward (2 + 4)
+  + 12 * L * B * T^2 * N * H                  attention QK^T and PV (4 L B T^2 N H forward, x3)
+P_matmul = parameters used as matmul weights (all but the embedding lookup; the LM head
+counts), B * T all positions (prompt and padding included: the step computes them).
+
+    python experiments/train_bench.py                       # small, 64 x 80, micro 1,2,4
+    python experiments/train_bench.py --micro_batches=1 --batch=8
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform
+
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_scale.cli import run_main
+from jaxrl_scale import bench, optim
+from jaxrl_scale.models import get_config, init_params
+from jaxrl_scale.rl import steps
+from jaxrl_scale.rl.batch import RolloutBatch
+from jaxrl_scale.rl.state import create_train_state
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model", "small", "Model preset (jaxrl_scale.models.PRESETS).")
+flags.DEFINE_integer("batch", 64, "Sequences per update (B = P * G).")
+flags.DEFINE_integer("seq_len", 80, "Tokens per sequence (prompt + response).")
+flags.DEFINE_integer("group_size", 8, "Responses per prompt (G): advantages are per group.")
+flags.DEFINE_integer("prompt_len", 16, "Prompt tokens per sequence (not in the loss mask).")
+flags.DEFINE_list("micro_batches", ["1", "2", "4"], "Micro-batch counts to time.")
+flags.DEFINE_integer("repeats", 3, "Timed updates per setting (median); >= 3 for reports.")
+flags.DEFINE_bool("remat", False, "Rematerialise each transformer block in the backward.")
+flags.DEFINE_string("dtype", "float32", "Param and compute dtype.")
+flags.DEFINE_integer("matmul_n", 2048, "Size of the n^3 matmul that measures the FLOP peak.")
+flags.DEFINE_string("json_out", "results/train_bench.json", "Where to write the results.")
+flags.DEFINE_integer("seed", 0, "Params and batch seed.")
+
+FORMULA = ("FLOPs/update = 6 * P_matmul * B * T + 12 * L * B * T^2 * N * H "
+           "(P_matmul: all params but the embedding lookup)")
+
+
+def update_flops(cfg, batch: int, seq_len: int) -> float:
+    dense = 6.0 * bench.matmul_params(cfg) * batch * seq_len
+    attn = 12.0 * cfg.num_layers * batch * seq_len ** 2 * cfg.num_heads * cfg.head_dim
+    return dense + attn
+
+
+def make_batch(cfg, batch: int, seq_len: int, prompt_len: int, seed: int) -> RolloutBatch:
+    rng = np.random.default_rng(seed)
+    pos = np.arange(seq_len)[None]
+    resp = np.broadcast_to(pos >= prompt_len, (batch, seq_len))
+    return RolloutBatch(
+        tokens_BT=jnp.asarray(rng.integers(0, cfg.vocab_size, (batch, seq_len)), jnp.int32),
+        valid_BT=jnp.ones((batch, seq_len), bool),
+        loss_mask_BT=jnp.asarray(resp),
+        old_logp_BT=jnp.asarray(np.where(resp, -np.log(cfg.vocab_size), 0.0), jnp.float32),
+        rewards_B=jnp.asarray(rng.normal(size=batch), jnp.float32))
+
+
+def time_updates(cfg, params, batch, micro_batches: int) -> float:
+    hp = optim.AdamHParams(lr=1e-6)
+    tx = optim.make_optimizer(hp)
+    fn = steps.make_train_step(steps.grpo_step, cfg=cfg, tx=tx, loss_cfg=steps.LossConfig(),
+                               micro_batches=micro_batches, remat=FLAGS.remat,
+                               group_size=FLAGS.group_size,
+                               lr_fn=functools.partial(optim.current_lr, hp, warmup_steps=0))
+    holder = [create_train_state(jax.tree.map(jnp.copy, params), tx, FLAGS.seed)]
+
+    def one_update():
+        holder[0], metrics = fn(holder[0], batch)   # the state is donated
+        return metrics["actor_loss"]
+
+    return bench.median_time(one_update, repeats=FLAGS.repeats, warmup=1)
+
+
+def main(argv):
+    del argv
+    cfg = get_config(FLAGS.model, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype)
+    params = jax.jit(lambda: init_params(cfg, FLAGS.seed))()
+    B, T = FLAGS.batch, FLAGS.seq_len
+    batch = make_batch(cfg, B, T, FLAGS.prompt_len, FLAGS.seed)
+    peak = bench.matmul_peak(FLAGS.matmul_n, FLAGS.dtype)
+    flops = update_flops(cfg, B, T)
+
+    # The peak is re-measured after every setting and the largest value is the denominator:
+    # on a shared machine a single measurement can land in a busy moment (MFU > 100%).
+    rows, peaks = [], [peak["flops_per_s"]]
+    for m in [int(x) for x in FLAGS.micro_batches]:
+        sec = time_updates(cfg, params, batch, m)
+        peaks.append(bench.matmul_peak(FLAGS.matmul_n, FLAGS.dtype)["flops_per_s"])
+        rows.append(dict(micro_batches=m, seconds=sec, tokens_per_s=B * T / sec,
+                         flops_per_s=flops / sec, peak_after_flops_per_s=peaks[-1]))
+    peak_flops = max(peaks)
+    for r in rows:
+        r["mfu"] = r["flops_per_s"] / peak_flops
+
+    print(f"model={FLAGS.model} ({cfg.num_params() / 1e6:.1f}M params, "
+          f"P_matmul={bench.matmul_params(cfg) / 1e6:.1f}M) batch={B} x seq_len={T} "
+          f"dtype={FLAGS.dtype} remat={FLAGS.remat} backend={jax.default_backend()} "
+          f"devices={jax.device_count()}")
+    print(FORMULA)
+    print(f"FLOPs/update = {flops:.4g}; matmul peak ({FLAGS.matmul_n}^3 {FLAGS.dtype}, max of "
+          f"{len(peaks)} measurements) = {peak_flops / 1e9:.1f} GFLOP/s "
+          f"(all: {', '.join(f'{p / 1e9:.1f}' for p in peaks)})")
+    print(f"{'micro':>5} {'s/update':>9} {'tokens/s':>10} {'GFLOP/s':>9} {'MFU':>6} "
+          f"{'peak after':>11}")
+    for r in rows:
+        print(f"{r['micro_batches']:>5} {r['seconds']:>9.4f} {r['tokens_per_s']:>10.0f} "
+              f"{r['flops_per_s'] / 1e9:>9.1f} {100 * r['mfu']:>5.1f}% "
+              f"{r['peak_after_flops_per_s'] / 1e9:>10.1f}G")
+
+    out = dict(model=FLAGS.model, num_params=cfg.num_params(),
+               matmul_params=bench.matmul_params(cfg), batch=B, seq_len=T,
+               prompt_len=FLAGS.prompt_len, dtype=FLAGS.dtype, remat=FLAGS.remat,
+               repeats=FLAGS.repeats, flops_per_update=flops, flops_formula=FORMULA,
+               matmul_peak=dict(peak, flops_per_s=peak_flops, measurements=peaks),
+               backend=jax.default_backend(), device_count=jax.device_count(),
+               cpu_count=os.cpu_count(), machine=platform.machine(), rows=rows)
+    if FLAGS.json_out:
+        os.makedirs(os.path.dirname(FLAGS.json_out) or ".", exist_ok=True)
+        with open(FLAGS.json_out, "w") as f:
+            json.dump(out, f, indent=2)
+        print(f"wrote {FLAGS.json_out}")
+
+
+def run():
+    """Console-script entry point."""
+    run_main(main, __name__)
+
+
+if __name__ == "__main__":
+    run()

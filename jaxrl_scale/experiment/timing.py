@@ -1,0 +1,117 @@
+"""A short timing pass over candidate batches: the inputs of the section-3 cost model.
+
+SCIENCE.md section 4 picks the batch by maximising q / r_N within memory limits; q needs
+the rollout and update seconds per step at each candidate B, which only the real loop gives
+(sampler, engine, rewards, packing and the jitted update all included). Nothing is learned
+here: a few `Run.train_step` calls per batch, no eval, no checkpoints, nothing written to a
+run directory. `scaling.throughput.fit_step_times` fits the result and `predict_r_q` turns
+it into r_q at any batch.
+
+Scheduling (why interleaved): a shared machine's speed drifts over minutes. Timing batch 64
+for a minute and then batch 512 for a minute would compare two machine states; instead every
+Run is built and compiled first, then each round runs one step of every batch, in
+alternating order (64, 128, ..., then ..., 128, 64), so each batch sees the same minutes and
+no batch always follows the same neighbour (caches, allocator state). The price is memory:
+all candidates' parameters, optimizer states and caches live at once, which at this scale
+(CPU presets) is small; `interleave=False` times one batch at a time and releases each before
+building the next, for models where only one fits.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import tempfile
+import time
+from typing import Sequence
+
+from tqdm.auto import tqdm
+
+from jaxrl_scale.experiment.config import TrainConfig
+from jaxrl_scale.experiment.train import Run
+
+# What each timed step records, from `Run.train_step` (train.py defines them):
+#   gen_s    rollout: generation (or the engine's next batch) + rewards
+#   train_s  batch packing + (reference scores) + update, transfers included
+#   decode_s the jitted decode alone (part of gen_s); update_s the update alone (part of train_s)
+STEP_FIELDS = ("gen_s", "train_s", "decode_s", "update_s")
+
+
+def timing_config(base: TrainConfig, batch: int, run_dir: str) -> TrainConfig:
+    """`base` at B = batch responses per update (P = B // G, G kept), writing nothing.
+
+    filter_zero_variance is turned off: a random policy's groups all have one reward, and
+    filtering them would skip the update the pass is there to time.
+    """
+    G = base.group_size
+    if batch < G or batch % G:
+        raise ValueError(f"time_batches: batch {batch} is not a positive multiple of "
+                         f"group_size={G} (B = P * G responses per update)")
+    return base.replace(prompts_per_step=batch // G, run_dir=run_dir, filter_zero_variance=False,
+                        tensorboard=False, wandb_project="")
+
+
+def _entry(cfg: TrainConfig, compile_s: float) -> dict:
+    return {"batch": cfg.batch_train, "batch_gen": cfg.batch_gen,
+            "gen_batch_ratio": cfg.gen_batch_ratio, "prompts_per_step": cfg.prompts_per_step,
+            "group_size": cfg.group_size, "compile_s": compile_s,
+            **{k: [] for k in STEP_FIELDS}, "step_s": []}
+
+
+def _step(run: Run, step: int, entry: dict | None) -> None:
+    t0 = time.perf_counter()
+    rec = run.train_step(step)
+    if entry is not None:
+        entry["step_s"].append(time.perf_counter() - t0)
+        for k in STEP_FIELDS:
+            entry[k].append(float(rec.get(k, float("nan"))))
+
+
+def time_batches(base: TrainConfig, batches: Sequence[int], warmup: int = 2, steps: int = 3,
+                 progress: bool = True, interleave: bool = True) -> list[dict]:
+    """Per-step rollout and update seconds of the real loop at each batch in `batches`.
+
+    For each B: `Run(base at P = B // G)`, `compile()`, `warmup` untimed steps (first-call
+    work the AOT compile does not cover: host caches, weight preparation, allocator growth),
+    then `steps` timed steps. Interleaved rounds by default (module docstring).
+    gen_batch_ratio > 1 works as in training (B_gen = k * B sequences in flight, the slot
+    engine); per-update rollout times then alternate long/short, so use warmup and steps that
+    are multiples of k.
+
+    Returns, in the order of `batches`: {"batch": B, "batch_gen": B_gen, "gen_s": [steps],
+    "train_s": [steps], "compile_s": s, plus "decode_s", "update_s", "step_s" (whole
+    train_step) lists, "gen_batch_ratio", "prompts_per_step", "group_size"}.
+    """
+    if warmup < 0 or steps < 1:
+        raise ValueError(f"time_batches: warmup={warmup} must be >= 0 and steps={steps} >= 1")
+    batches = [int(b) for b in batches]
+    if len(set(batches)) != len(batches):
+        raise ValueError(f"time_batches: batches {batches} repeat a value")
+    with tempfile.TemporaryDirectory(prefix="time_batches_") as tmp:
+        cfgs = [timing_config(base, b, os.path.join(tmp, f"B{b}")) for b in batches]
+        bar = tqdm(total=len(cfgs) * (warmup + steps), disable=not progress, desc="time_batches",
+                   unit="step", leave=False)
+        if interleave:
+            entries, runs = [], []
+            for cfg in cfgs:
+                run = Run(cfg)
+                entries.append(_entry(cfg, run.compile()))
+                runs.append(run)
+            for r in range(warmup + steps):
+                order = range(len(runs)) if r % 2 == 0 else reversed(range(len(runs)))
+                for i in order:
+                    _step(runs[i], r + 1, entries[i] if r >= warmup else None)
+                    bar.update()
+            del runs
+        else:
+            entries = []
+            for cfg in cfgs:
+                run = Run(cfg)
+                entry = _entry(cfg, run.compile())
+                for r in range(warmup + steps):
+                    _step(run, r + 1, entry if r >= warmup else None)
+                    bar.update()
+                entries.append(entry)
+                del run
+                gc.collect()
+        bar.close()
+    return entries

@@ -1,0 +1,681 @@
+"""Batch-size planner: predict time to target at candidate batches from one probe run at the
+reference batch B0 and a step-time fit, before running the sweep (SCIENCE.md sections 1, 3, 5).
+
+    r_N(B) = (1 + B/B_crit) / (1 + B0/B_crit),   B_crit ~ B_simple      (McCandlish; section 5)
+    q(B)   = B / (t_gen(k B) / k + t_train(B)),  r_q(B) = q(B) / q(B0)   (sections 1, 3)
+    t_gen(B_gen) = d0 + d1 B_gen,  t_train(B) = overhead + gamma B
+    T/T0   = r_N / r_q                                                 (section 1)
+
+k = gen_batch_ratio (B_gen = k B_train; an update's collection is about 1/k of one generation
+round with k B in flight, as in `analysis.gen_seconds`). B_simple comes from the gradient-norm
+fields the probe's training records carry (docs/API.md), over the updates around the reference's
+N* (`noise.n_star_window`), with a moving-block bootstrap; the step-time fit comes with a
+bootstrap of its four parameters. Replicate i of each is paired into one joint draw (the two
+sources are independent), so every interval below propagates both.
+
+Recommendation: the batch with the smallest predicted T/T0 (point prediction); its range is
+every candidate not shown slower than it: B is in when the lower end of the ci_level interval of
+the paired replicate ratio [T/T0](B) / [T/T0](B_best) is <= 1. Pairing matters: the B_simple
+uncertainty moves all batches together, so comparing marginal intervals would call almost
+everything indistinguishable.
+
+Letters: U updates, R bootstrap replicates, C candidate batches. Numpy only (no JAX).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from jaxrl_scale.scaling import io as sio
+from jaxrl_scale.scaling import noise as snoise
+from jaxrl_scale.scaling import stats
+from jaxrl_scale.scaling.io import Run
+
+NETWORKS = ("actor", "critic")
+THETA_NAMES = ("d0", "d1", "gamma", "overhead")   # column order of every theta_R4 / "boot"
+RANGE_RULE = ("B is in the range when the lower end of the ci_level interval of the paired "
+              "bootstrap ratio [T/T0](B) / [T/T0](B_best) is <= 1 (not shown slower than the "
+              "batch with the smallest predicted T/T0)")
+
+
+class PlanError(ValueError):
+    """A bad planner input; str() is `<field>: <problem>. Fix: <fix>.` like
+    `experiment.config.ConfigError` (the command turns it into one; this module stays free of
+    JAX, which that module imports)."""
+
+    def __init__(self, field: str, problem: str, fix: str):
+        self.field, self.problem, self.fix = field, problem, fix
+        super().__init__(f"{field}: {problem}. Fix: {fix}.")
+
+
+def _fin(x) -> bool:
+    return isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool) \
+        and math.isfinite(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# Throughput: timing entries -> (d0, d1, gamma, overhead) with a bootstrap -> r_q.
+
+
+def timings_from_runs(runs: Sequence[Run], warmup: int = 2, steps: int = 3) -> list[dict]:
+    """Timing-pass entries (the format of `experiment.timing.time_batches`) from runs' own
+    step-time records: per run, the ``gen_s`` / ``train_s`` of updates warmup+1 ..
+    warmup+steps (``steps`` = 0: every update after the warmup), pooled over the runs that
+    share a batch. Stands in for a timing pass on the same hardware: the first updates of a
+    run are what a pass of a few timed steps would see (the first one also compiles)."""
+    by_batch: dict[float, dict] = {}
+    for run in runs:
+        if not run.batch:
+            continue
+        recs = sorted((r for r in run.train if _fin(r.get("gen_s")) and _fin(r.get("train_s"))),
+                      key=lambda r: r.get("step", 0))
+        recs = recs[warmup:warmup + steps] if steps else recs[warmup:]
+        if not recs:
+            continue
+        e = by_batch.setdefault(float(run.batch), {
+            "batch": float(run.batch), "batch_gen": float(run.batch_gen or run.batch),
+            "gen_s": [], "train_s": [], "runs": []})
+        e["gen_s"] += [float(r["gen_s"]) for r in recs]
+        e["train_s"] += [float(r["train_s"]) for r in recs]
+        e["runs"].append(run.name)
+    return [by_batch[b] for b in sorted(by_batch)]
+
+
+def like_probe(runs: Sequence[Run], probe: Run) -> tuple[list[Run], str]:
+    """The runs a timing pass of the probe's config would time: same algo, gen_batch_ratio and
+    group size G (B varies through the prompts per update; a different G at equal B changes the
+    step time, e.g. sequence lengths per prompt). Returns (runs, what was matched)."""
+    g = sio.config_get(probe.config, "group_size", "G")
+    keep = [r for r in runs if r.algo == probe.algo and r.gen_batch_ratio == probe.gen_batch_ratio
+            and sio.config_get(r.config, "group_size", "G") == g]
+    return keep, f"algo={probe.algo}, k={probe.gen_batch_ratio:g}, G={g}"
+
+
+def _check_timings(timings: Sequence[dict]) -> None:
+    if not isinstance(timings, (list, tuple)) or not timings:
+        raise PlanError("timings_json", "no timing entries", "give a list of {\"batch\", "
+                        "\"batch_gen\", \"gen_s\": [...], \"train_s\": [...]} (time_batches' "
+                        "output)")
+    for i, e in enumerate(timings):
+        ok = (isinstance(e, dict) and _fin(e.get("batch")) and e["batch"] > 0
+              and all(isinstance(e.get(k), (list, tuple)) and e[k]
+                      and all(_fin(x) and x >= 0 for x in e[k]) for k in ("gen_s", "train_s"))
+              and len(e["gen_s"]) == len(e["train_s"]))
+        if not ok:
+            raise PlanError("timings_json", f"entry {i} is not {{\"batch\" > 0, \"gen_s\": "
+                            "[seconds...], \"train_s\": [as many seconds]}}: "
+                            f"{str(e)[:120]}", "time at least two batches, a few steps each")
+    if len({float(e["batch"]) for e in timings}) < 2:
+        raise PlanError("timings_json", "the step-time fit needs at least two distinct batches, "
+                        f"got {sorted({e['batch'] for e in timings})}",
+                        "time two or more batches (e.g. --time_batches=64,128,256)")
+
+
+def _batch_means(timings) -> np.ndarray:
+    """[entries, 4]: batch, batch_gen, mean t_gen(B_gen) (gen_s per update times k, as
+    `throughput.fit_step_times` reads it), mean t_train(B)."""
+    rows = []
+    for e in timings:
+        b = float(e["batch"])
+        bg = float(e.get("batch_gen") or b)
+        rows.append((b, bg, np.mean(e["gen_s"]) * bg / b, np.mean(e["train_s"])))
+    return np.array(rows, float)
+
+
+def fit_step_times(timings: Sequence[dict], n_boot: int = 1000, seed: int = 0) -> dict:
+    """`throughput.fit_step_times` (least squares over every timed step, bootstrap over steps
+    within each batch) after checking the entries; keeps them under "timings" for
+    `fit_check` (not written to the plan JSON)."""
+    from jaxrl_scale.scaling.throughput import fit_step_times as fit
+    _check_timings(timings)
+    out = dict(fit(list(timings), n_boot=n_boot, seed=seed))
+    out["source"] = "jaxrl_scale.scaling.throughput.fit_step_times"
+    out["timings"] = list(timings)
+    return out
+
+
+def fit_check(timings: Sequence[dict], theta, batch0: float) -> list[dict]:
+    """Per timed batch: measured mean seconds per update (collection + update), the fitted
+    lines' step_seconds, their relative error, and r_q straight from the measured step times
+    (where B0 was timed): shows how much of an r_q miss is the linear model's."""
+    rows = _batch_means(timings)
+    out, q0 = [], None
+    meas = {float(b): g * b / bg + t for b, bg, g, t in rows}   # per-update seconds as timed
+    k_of = {float(b): bg / b for b, bg, _, _ in rows}
+    if float(batch0) in meas:
+        q0 = batch0 / meas[float(batch0)]
+    for b in sorted(meas):
+        fitted = float(step_seconds(theta, [b], k_of[b])[0])
+        out.append({"batch": b, "step_s": meas[b], "step_s_fit": fitted,
+                    "rel_err": fitted / meas[b] - 1.0,
+                    "r_q_timed": (b / meas[b]) / q0 if q0 else None})
+    return out
+
+
+def theta_of_fit(fit: dict) -> np.ndarray:
+    """(d0, d1, gamma, overhead) of a fit dict."""
+    try:
+        theta = np.array([float(fit[k]) for k in THETA_NAMES])
+    except (KeyError, TypeError, ValueError):
+        raise PlanError("timings_json", f"the step-time fit lacks one of {THETA_NAMES}: "
+                        f"{sorted(fit)}", "pass fit_step_times' output") from None
+    return theta
+
+
+def step_seconds(theta, batches, gen_batch_ratio: float = 1) -> np.ndarray:
+    """`throughput.step_seconds_model` (t_gen(k B) / k + t_train(B), SCIENCE.md section 3) for
+    theta [..., 4] (d0, d1, gamma, overhead) and batches [C]: [..., C]; NaN where the fitted
+    lines give a step time <= 0 (outside where the fit means anything)."""
+    from jaxrl_scale.scaling.throughput import step_seconds_model
+    t = step_seconds_model(np.asarray(theta, float), np.asarray(batches, float),
+                           gen_batch_ratio)
+    return np.where(t > 0, t, np.nan)
+
+
+def predict_r_q(theta, batches, batch0: float, gen_batch_ratio: float = 1) -> np.ndarray:
+    """r_q(B) = q(B) / q(B0) with q(B) = B / step_seconds(B) (SCIENCE.md sections 1, 3):
+    [..., C] for theta [..., 4]. `throughput.predict_r_q` computes the same from a fit dict; this
+    one takes raw parameter replicates, so the planner can pair them with B_simple's."""
+    b = np.asarray(batches, float)
+    q = b / step_seconds(theta, b, gen_batch_ratio)
+    q0 = batch0 / step_seconds(theta, [batch0], gen_batch_ratio)[..., 0]
+    return q / q0[..., None]
+
+
+# ---------------------------------------------------------------------------------------------
+# Noise scale of the probe.
+
+
+def probe_n_star(runs: Sequence[Run], target: float) -> float:
+    """Mean over the probe runs of N* (SCIENCE.md section 1): the first crossing of ``target``
+    by the isotonic (monotone) fit of each run's eval curve, so one lucky eval does not set it."""
+    vals = []
+    for run in runs:
+        n, s = run.eval_curve()
+        if n.size:
+            x = stats.first_crossing(n, stats.isotonic(s), target)
+            if math.isfinite(x):
+                vals.append(x)
+    if not vals:
+        raise PlanError("target", f"no probe run reaches J* = {target:g} (best eval score "
+                        f"{max((max(run.eval_curve()[1], default=-math.inf) for run in runs)):g})",
+                        "lower --target, or pass --n_star (responses) directly")
+    return float(np.mean(vals))
+
+
+def probe_noise(runs: Sequence[Run], who: str = "actor", n_star: float | None = None,
+                half_width: float = 0.5, n_windows: int = 8, n_boot: int = 1000,
+                block: int | None = None, level: float = stats.CI_LEVEL, seed: int = 0
+                ) -> dict | None:
+    """B_simple of one network over the probe runs' updates (pooled): in the N* window when
+    ``n_star`` is given (the estimate the prediction uses), over the whole run, and its
+    trajectory over training. None when no record carries the network's norm fields."""
+    est = snoise.pooled_estimates(runs, who)
+    if est["g2_U"].size == 0:
+        return None
+    boot = dict(n_boot=n_boot, block=block, level=level)
+    whole = snoise.bootstrap_b_simple(est["g2_U"], est["trace_U"], est["run_U"], seed=seed,
+                                      **boot)
+    out = {"network": who, "b_small": float(np.median(est["b_small_U"])),
+           "b_big": float(np.median(est["b_big_U"])),
+           "whole_run": whole,
+           "trajectory": snoise.noise_scale_trajectory(est, n_windows, seed=seed + 1, **boot)}
+    if n_star is not None:
+        lo, hi = snoise.n_star_window(n_star, half_width)
+        win = snoise.noise_scale_window(est, lo, hi, seed=seed + 2, **boot)
+        if win["n_updates"] < 2:
+            raise PlanError("n_star", f"only {win['n_updates']} probe update(s) have responses in "
+                            f"the N* window [{lo:g}, {hi:g}]", "pass an N* inside the probe "
+                            "run, or widen --window")
+        win.update(n_star=float(n_star), half_width=float(half_width))
+        out["window"] = win
+    else:
+        out["window"] = dict(whole, n_star=None, half_width=None,
+                             responses_lo=float(np.nanmin(est["responses_U"])),
+                             responses_hi=float(np.nanmax(est["responses_U"])))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Prediction and recommendation.
+
+
+def _pair(reps: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` replicates: as they are when there are n, else drawn with replacement."""
+    reps = np.asarray(reps)
+    return reps if reps.shape[0] == n else reps[rng.integers(0, reps.shape[0], n)]
+
+
+def predict(batches: Sequence[float], batch0: float, b_crit: float, b_crit_R, theta_4,
+            theta_R4, gen_batch_ratio: float = 1, level: float = stats.CI_LEVEL,
+            seed: int = 0) -> tuple[list[dict], dict]:
+    """Point predictions and intervals of r_N, r_q, T/T0 at each candidate batch.
+
+    b_crit_R [R] and theta_R4 [R', 4] are bootstrap replicates (R' != R: resampled to R); +inf
+    B_crit (no detectable mean gradient) gives r_N = 1. Returns (rows, replicates) with
+    replicates {"r_N_RC", "r_q_RC", "T_RC"} for `recommend`.
+    """
+    b_C = np.asarray(batches, float)
+    # tr(Sigma) <= 0 (no detectable noise) means B_crit -> 0: r_N -> B / B0, perfect cost
+    b_crit = max(float(b_crit), 1e-12)
+    bc_R = np.maximum(np.asarray(b_crit_R, float), 1e-12)
+    th_R4 = _pair(np.asarray(theta_R4, float).reshape(-1, 4), bc_R.size,
+                  np.random.default_rng(seed))
+    r_n = np.asarray(snoise.predicted_r_n(b_C, batch0, b_crit), float) * np.ones_like(b_C)
+    r_q = predict_r_q(theta_4, b_C, batch0, gen_batch_ratio)
+    with np.errstate(invalid="ignore"):
+        r_n_RC = np.asarray(snoise.predicted_r_n(b_C[None, :], batch0, bc_R[:, None]), float)
+        r_q_RC = predict_r_q(th_R4, b_C, batch0, gen_batch_ratio)
+        t_RC = r_n_RC / r_q_RC
+    rows = []
+    for c, b in enumerate(b_C):
+        rows.append({"batch": float(b), "r_N": float(r_n[c]),
+                     "r_N_ci": stats.quantile_ci(r_n_RC[:, c], level),
+                     "r_q": float(r_q[c]), "r_q_ci": stats.quantile_ci(r_q_RC[:, c], level),
+                     "T_over_T0": float(r_n[c] / r_q[c]),
+                     "T_over_T0_ci": stats.quantile_ci(t_RC[:, c], level)})
+    return rows, {"r_N_RC": r_n_RC, "r_q_RC": r_q_RC, "T_RC": t_RC}
+
+
+def recommend(rows: list[dict], t_RC: np.ndarray, level: float = stats.CI_LEVEL) -> dict:
+    """The recommended batch (smallest predicted T/T0) and the range of candidates not shown
+    slower than it (`RANGE_RULE`), with each one's paired ratio interval."""
+    t_C = np.array([r["T_over_T0"] for r in rows], float)
+    if not np.any(np.isfinite(t_C)):
+        raise PlanError("batches", "no candidate batch has a defined prediction (step-time fit "
+                        "gives t <= 0 everywhere)", "check the timings or the candidate batches")
+    best = int(np.nanargmin(t_C))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio_RC = t_RC / t_RC[:, best:best + 1]
+    keep = []
+    for c, row in enumerate(rows):
+        ci = stats.quantile_ci(ratio_RC[:, c], level)
+        row["vs_best_ci"] = ci
+        row["in_range"] = bool(c == best or (math.isfinite(ci[0]) and ci[0] <= 1.0))
+        if row["in_range"]:
+            keep.append(row["batch"])
+    return {"batch": rows[best]["batch"], "T_over_T0": rows[best]["T_over_T0"],
+            "range": [min(keep), max(keep)], "batches": keep, "rule": RANGE_RULE}
+
+
+def default_batches(batch0: float) -> list[float]:
+    """B0/4 .. 8 B0 in doublings."""
+    return [batch0 * 2.0 ** e for e in range(-2, 4)]
+
+
+def _probe_batch(runs: Sequence[Run]) -> float:
+    bs = sorted({r.batch for r in runs if r.batch})
+    if len(bs) != 1:
+        raise PlanError("probe_run", f"the probe runs must share one batch (B0), got "
+                        f"{bs or 'none'}", "pass the seeds of one config (config.json with "
+                        "batch_train or prompts_per_step x group_size)")
+    return float(bs[0])
+
+
+def plan(runs: Sequence[Run], fit: dict, batches: Sequence[float] | None = None, *,
+         who: str = "actor", n_star: float | None = None, target: float | None = None,
+         half_width: float = 0.5, gen_batch_ratio: float | None = None, n_boot: int = 1000,
+         block: int | None = None, n_windows: int = 8, level: float = stats.CI_LEVEL,
+         seed: int = 0) -> dict:
+    """Planner output (docs/API.md "Planner output", plus extra fields) from probe runs at B0
+    (seeds of one config: their updates are pooled) and a step-time fit (`fit_step_times`'
+    output; a fit without "boot" has no throughput uncertainty).
+
+    ``n_star`` (responses) or ``target`` (J*, N* from the probes' evals) sets the window
+    whose B_simple is B_crit; without either the whole run is the window.
+    """
+    runs = list(runs)
+    if not runs:
+        raise PlanError("probe_run", "no probe run", "pass --probe_run=RUN_DIR")
+    if who not in NETWORKS:
+        raise PlanError("noise_of", f"{who!r} is not one of {NETWORKS}", "use actor or critic")
+    b0 = _probe_batch(runs)
+    batches = [float(b) for b in (batches or default_batches(b0))]
+    if any(not (_fin(b) and b > 0) for b in batches):
+        raise PlanError("batches", f"candidate batches must be positive numbers, got {batches}",
+                        "pass e.g. --batches=64,128,256,512")
+    if n_star is not None and target is not None:
+        raise PlanError("n_star", "both --n_star and --target given", "pass one of them")
+    if target is not None:
+        n_star = probe_n_star(runs, target)
+    if n_star is not None and not (_fin(n_star) and n_star > 0):
+        raise PlanError("n_star", f"N* must be a positive number of responses, got {n_star}",
+                        "pass the reference's responses to target")
+    k = gen_batch_ratio if gen_batch_ratio is not None else runs[0].gen_batch_ratio
+    if not (_fin(k) and k >= 1):
+        raise PlanError("gen_batch_ratio", f"must be >= 1, got {k}", "1 = synchronous rollout")
+
+    theta = theta_of_fit(fit)
+    theta_R4 = np.asarray(fit.get("boot", np.zeros((0, 4))), float).reshape(-1, 4)
+    if theta_R4.shape[0] == 0:   # e.g. a roofline fit: no throughput uncertainty
+        theta_R4 = theta[None, :]
+    noise = {}
+    for i, net in enumerate(NETWORKS):
+        z = probe_noise(runs, net, n_star, half_width, n_windows, n_boot, block, level,
+                        seed + 10 * i)
+        if z is not None:
+            noise[net] = z
+    if who not in noise:
+        raise PlanError("probe_run", f"no training record of {runs[0].path or runs[0].name} "
+                        f"carries {who}_grad_sqnorm_micro (>= 2 micro-batches) and "
+                        f"{who}_grad_sqnorm", "train the probe with --micro_batches=2 or more "
+                        "(docs/API.md, Gradient-norm fields)")
+
+    by_net, reps = {}, {}
+    for net, z in noise.items():
+        w = z["window"]
+        rows, reps[net] = predict(batches, b0, w["b_simple"], w["reps"], theta, theta_R4, k,
+                                  level, seed)
+        rec = recommend(rows, reps[net]["T_RC"], level)
+        by_net[net] = {"B_simple": w["b_simple"], "B_simple_ci": w["ci"], "predictions": rows,
+                       "recommended": rec}
+    main = by_net[who]
+    warnings = []
+    w = noise[who]["window"]
+    if w["frac_unbounded"] and w["frac_unbounded"] > (1 - level) / 2:
+        warnings.append(
+            f"{who} |G|^2 is not above the noise in {w['frac_unbounded']:.0%} of the bootstrap "
+            f"replicates of the window ({w['n_updates']} updates at B0 = {b0:g}): B_simple's "
+            "interval is unbounded above and r_N's reaches down to 1 (this probe cannot "
+            "exclude that larger batches cost no extra samples)")
+    if not math.isfinite(w["b_simple"]):
+        warnings.append(f"mean {who} |G|^2 over the window is <= 0: no sample cost is "
+                        "predictable from this probe (r_N = 1); T/T0 is throughput only")
+    out = {
+        "reference_batch": b0,
+        "B_simple": main["B_simple"], "B_simple_ci": main["B_simple_ci"],
+        "predictions": main["predictions"],
+        "recommended": main["recommended"],
+        # extra fields
+        "noise_of": who, "b_crit_rule": "B_crit = B_simple (McCandlish et al. 2018)",
+        "ci_level": level, "n_boot": n_boot, "gen_batch_ratio": k,
+        "algo": runs[0].algo, "lr_rule": runs[0].lr_rule,
+        "group_size": sio.config_get(runs[0].config, "group_size", "G"),
+        "probe_runs": [r.path or r.name for r in runs], "n_star": n_star, "target": target,
+        "noise": {net: _noise_json(z) for net, z in noise.items()},
+        "by_network": by_net,
+        "critic_schedule": critic_schedule(main["recommended"]["batch"],
+                                           by_net["critic"]["recommended"]["batch"])
+        if "critic" in by_net else None,
+        "throughput": dict(_fit_json(fit), check=fit_check(fit["timings"], theta, b0)
+                           if fit.get("timings") else None),
+        "warnings": warnings,
+    }
+    return out
+
+
+def _noise_json(z: dict) -> dict:
+    strip = lambda d: {k: v for k, v in d.items() if k != "reps"}
+    return {"network": z["network"], "b_small": z["b_small"], "b_big": z["b_big"],
+            "window": strip(z["window"]), "whole_run": strip(z["whole_run"]),
+            "trajectory": z["trajectory"]}
+
+
+def _fit_json(fit: dict) -> dict:
+    out = {k: v for k, v in fit.items() if k not in ("boot", "timings")
+           and not isinstance(v, np.ndarray)}
+    out["n_boot"] = int(np.asarray(fit["boot"]).shape[0]) if "boot" in fit else 0
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Predictions beside a sweep's measurements (summary.json of `analysis.analyze_sweep`).
+
+METRICS = ("r_N", "r_q", "T_over_T0")
+
+
+def _inside(x, ci) -> bool | None:
+    if not (_fin(x) and ci and len(ci) == 2):
+        return None
+    lo = ci[0] if ci[0] is not None else -math.inf
+    hi = ci[1] if ci[1] is not None else math.inf   # JSON null upper end: unbounded
+    return bool(lo <= x <= hi)
+
+
+def _overlap(a, b) -> bool | None:
+    if not (a and b and len(a) == 2 and len(b) == 2) or a[0] is None or b[0] is None:
+        return None
+    ahi = a[1] if a[1] is not None else math.inf
+    bhi = b[1] if b[1] is not None else math.inf
+    return bool(a[0] <= bhi and b[0] <= ahi)
+
+
+def critic_schedule(batch: float, critic_batch: float) -> dict:
+    """PPO's critic on its own schedule (TrainConfig.critic_minibatches): at the actor's
+    recommended B, split each rollout into K = B / B_critic minibatches (K >= 1, rounded
+    down to a power of two so it divides power-of-two prompt batches), so every critic update
+    sees about the batch its own noise scale recommends (SCIENCE.md section 5: the two
+    networks' critical batches differ)."""
+    k = max(1, int(batch // max(critic_batch, 1.0)))
+    k = 1 << (k.bit_length() - 1)
+    return {"at_batch": float(batch), "critic_batch": float(critic_batch),
+            "critic_minibatches": k, "critic_batch_per_update": float(batch) / k}
+
+
+def compare(plan: dict, summary: dict, network: str | None = None,
+            same_lr_rule: bool = True) -> list[dict]:
+    """One row per measured config of the plan's algo (and lr rule; the planner assumes the
+    probe's rule, sqrt re-tuning in SCIENCE.md section 2) and gen_batch_ratio: predicted r_N,
+    r_q, T/T0 with intervals at its batch vs the measured ones of ``summary["configs"]``,
+    whether the measured point lies inside the predicted interval (``*_inside``) and whether
+    the two intervals overlap (``*_overlap``). ``predicted`` fields are None at a batch the
+    plan has no prediction for; ``network`` picks `plan["by_network"]` (default: the plan's).
+    """
+    preds = (plan["by_network"][network]["predictions"] if network else plan["predictions"])
+    by_batch = {float(p["batch"]): p for p in preds}
+    k_plan = float(plan.get("gen_batch_ratio") or 1)
+    rows = []
+    for name, c in sorted((summary.get("configs") or {}).items(),
+                          key=lambda kv: (kv[1].get("batch") or 0, kv[0])):
+        if plan.get("algo") and c.get("algo") and c["algo"] != plan["algo"]:
+            continue
+        if same_lr_rule and plan.get("lr_rule") and c.get("lr_rule") != plan["lr_rule"]:
+            continue
+        b = c.get("batch")
+        if not _fin(b):
+            continue
+        k = (c.get("batch_gen") or b) / b
+        if abs(k - k_plan) > 1e-9:
+            continue
+        p = by_batch.get(float(b))
+        row = {"config": name, "batch": float(b), "group_size": c.get("group_size"),
+               "lr_rule": c.get("lr_rule"), "is_reference": bool(c.get("is_reference")),
+               "reached": c.get("reached")}
+        for m in METRICS:
+            pv, pci = (p[m], p.get(f"{m}_ci")) if p else (None, None)
+            mv, mci = c.get(m), c.get(f"{m}_ci")
+            row.update({f"{m}_pred": pv, f"{m}_pred_ci": pci, f"{m}_meas": mv,
+                        f"{m}_meas_ci": mci, f"{m}_inside": _inside(mv, pci) if p else None,
+                        f"{m}_overlap": _overlap(pci, mci) if p else None,
+                        f"{m}_pred_over_meas": pv / mv if p and _fin(pv) and _fin(mv) and mv
+                        else None})
+        rows.append(row)
+    return rows
+
+
+def compare_counts(rows: list[dict], group_size=None) -> dict:
+    """Per metric, over non-reference rows with both a prediction and a measurement (and the
+    given group size, if any): how many measured points lie inside the predicted interval, how
+    many intervals overlap, and the median |log(predicted / measured)| of the points."""
+    out = {}
+    for m in METRICS:
+        rs = [r for r in rows if not r["is_reference"] and r[f"{m}_inside"] is not None
+              and (group_size is None or r["group_size"] == group_size)]
+        logs = [abs(math.log(r[f"{m}_pred_over_meas"])) for r in rs
+                if _fin(r[f"{m}_pred_over_meas"]) and r[f"{m}_pred_over_meas"] > 0]
+        out[m] = {"n": len(rs), "inside": sum(r[f"{m}_inside"] for r in rs),
+                  "overlap": sum(bool(r[f"{m}_overlap"]) for r in rs),
+                  "median_abs_log_error": float(np.median(logs)) if logs else None}
+    return out
+
+
+def recommendation_check(plan: dict, summary: dict, rows: list[dict]) -> dict:
+    """The planner's recommended batch and range beside the sweep's: the measured fastest
+    config among ``rows`` with the plan's group size, and the sweep's best set (configs not
+    distinguishable from the fastest, per algorithm when the summary has several)."""
+    g = plan.get("group_size")
+    same = [r for r in rows if (g is None or r["group_size"] == g) and _fin(r["T_over_T0_meas"])]
+    fastest = min(same, key=lambda r: r["T_over_T0_meas"]) if same else None
+    per_algo = (summary.get("algos") or {}).get(plan.get("algo")) or {}
+    per_algo = per_algo if isinstance(per_algo, dict) else {}
+    best_set = per_algo.get("best_set", summary.get("best_set")) or []
+    best_batches = sorted({r["batch"] for r in same if r["config"] in best_set})
+    rec = plan["recommended"]
+    return {"recommended": rec["batch"], "range": rec["range"],
+            "measured_fastest": fastest and fastest["config"],
+            "measured_fastest_batch": fastest and fastest["batch"],
+            "measured_best_set": [c for c in best_set if any(r["config"] == c for r in same)],
+            "measured_best_set_batches": best_batches,
+            "recommended_in_best_set": rec["batch"] in best_batches if best_batches else None}
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and math.isinf(x):
+        return "∞"
+    return f"{x:.3g}"
+
+
+def _fmt_ci(v, ci) -> str:
+    if v is None:
+        return "-"
+    if not ci:
+        return _fmt(v)
+    hi = "∞" if ci[1] is None else _fmt(ci[1])
+    return f"{_fmt(v)} [{_fmt(ci[0])}, {hi}]"
+
+
+def format_compare(rows: list[dict]) -> str:
+    """Markdown table of `compare` rows: predicted vs measured r_N, r_q, T/T0; a check mark
+    where the measured point lies inside the predicted interval, '~' where only the intervals
+    overlap, 'x' where they are disjoint."""
+    head = ("| config | B | r_N pred | r_N meas | | r_q pred | r_q meas | | T/T0 pred | "
+            "T/T0 meas | |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in rows:
+        cells = [r["config"] + (" (ref)" if r["is_reference"] else ""), f"{r['batch']:g}"]
+        for m in METRICS:
+            mark = ("-" if r[f"{m}_inside"] is None else "✓" if r[f"{m}_inside"]
+                    else "~" if r[f"{m}_overlap"] else "x")
+            cells += [_fmt_ci(r[f"{m}_pred"], r[f"{m}_pred_ci"]),
+                      _fmt_ci(r[f"{m}_meas"], r[f"{m}_meas_ci"]), mark]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Figure and files.
+
+
+def plot_plan(plan: dict, path: str, compare_rows: list[dict] | None = None) -> str:
+    """PNG: predicted T/T0 (band: ci_level interval), r_N and r_q vs B on a log x axis, the
+    recommended batch and range, measured T/T0 beside them when ``compare_rows`` is given;
+    right panel: the B_simple trajectory over training with the N* window."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    pr = plan["predictions"]
+    b = np.array([p["batch"] for p in pr])
+    nan = lambda x: np.nan if x is None else x
+    t = np.array([nan(p["T_over_T0"]) for p in pr], float)
+    lo = np.array([nan(p["T_over_T0_ci"][0]) for p in pr], float)
+    hi = np.array([nan(p["T_over_T0_ci"][1]) for p in pr], float)
+    ax.fill_between(b, lo, hi, color="C0", alpha=0.2, label=f"T/T0 {plan['ci_level']:.0%}")
+    ax.plot(b, t, "o-", color="C0", label="predicted T/T0")
+    ax.plot(b, [p["r_N"] for p in pr], "--", color="C1", label="predicted r_N")
+    ax.plot(b, [p["r_q"] for p in pr], ":", color="C2", label="predicted r_q")
+    rec = plan["recommended"]
+    ax.axvspan(rec["range"][0], rec["range"][1], color="C0", alpha=0.07)
+    ax.axvline(rec["batch"], color="C0", lw=0.8)
+    ax.axhline(1.0, color="k", lw=0.5)
+    if compare_rows:
+        rows = [r for r in compare_rows if r["T_over_T0_meas"] is not None]
+        mb = np.array([r["batch"] for r in rows], float)
+        mv = np.array([r["T_over_T0_meas"] for r in rows], float)
+        ci = np.array([[nan(x) for x in (r["T_over_T0_meas_ci"] or [None, None])]
+                       for r in rows], float).reshape(-1, 2)
+        err = np.abs(np.stack([mv - ci[:, 0], ci[:, 1] - mv]))
+        ax.errorbar(mb * 1.04, mv, yerr=np.nan_to_num(err, nan=0.0), fmt="s", color="C3",
+                    ms=4, capsize=2, label="measured T/T0")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.2g"))
+    ax.set_xlabel("batch B (responses per update)")
+    ax.set_ylabel("ratio to the reference")
+    ax.set_title(f"B0 = {plan['reference_batch']:g}: recommended B = {rec['batch']:g} "
+                 f"(range {rec['range'][0]:g}..{rec['range'][1]:g})", fontsize=9)
+    ax.legend(fontsize=7)
+
+    net = plan["noise"][plan["noise_of"]]
+    tr, win = net["trajectory"], net["window"]
+    fin = lambda x: x is not None and math.isfinite(x)
+    vals = [v for w in tr + [win] for v in [w["b_simple"], *w["ci"]] if fin(v)]
+    top = 3.0 * max(vals + [plan["reference_batch"]])
+    for w in tr:
+        x, (lo2, hi2) = w["responses_mid"], w["ci"]
+        y = w["b_simple"] if fin(w["b_simple"]) else top
+        lo2 = lo2 if fin(lo2) else top
+        hi2 = hi2 if fin(hi2) else top
+        ax2.plot([x, x], [lo2, hi2], color="C4", lw=1.5)
+        ax2.plot([x], [y], "o" if fin(w["b_simple"]) else "^", color="C4", ms=5)
+    ax2.plot([], [], "o-", color="C4", label="B_simple per window, interval")
+    ax2.plot([], [], "^", color="C4", label="unbounded (|G|^2 <= 0)")
+    if fin(win["b_simple"]) and win.get("responses_lo") is not None:
+        ax2.hlines(win["b_simple"], win["responses_lo"], win["responses_hi"], color="C0",
+                   label="N* window estimate")
+    if win.get("n_star"):
+        ax2.axvspan(win["responses_lo"], win["responses_hi"], color="C0", alpha=0.08)
+        ax2.axvline(win["n_star"], color="C0", lw=0.8, label="N*")
+    ax2.set_yscale("log")
+    ax2.set_ylim(top=top * 1.3)
+    ax2.axhline(plan["reference_batch"], color="k", lw=0.5, ls=":", label="B0")
+    ax2.set_xlabel("cumulative responses")
+    ax2.set_ylabel(f"{plan['noise_of']} B_simple")
+    ax2.set_title(f"B_simple at N* window: {_fmt_ci(plan['B_simple'], plan['B_simple_ci'])}",
+                  fontsize=9)
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def read_runs(paths: Sequence[str]) -> list[Run]:
+    """Probe runs from run directories (config.json + metrics.jsonl)."""
+    runs = []
+    for p in paths:
+        try:
+            runs.append(sio.read_run(p))
+        except FileNotFoundError:
+            raise PlanError("probe_run", f"{p!r} has no metrics.jsonl", "pass a run directory "
+                            "written by jaxrl-train (config.json + metrics.jsonl)") from None
+    return runs
+
+
+def sweep_runs(path: str) -> list[Run]:
+    """Runs of a sweep directory, or of its ``logs/`` (a study's layout)."""
+    logs = os.path.join(path, "logs")
+    d = logs if os.path.isdir(logs) and not os.path.isfile(os.path.join(path, "metrics.jsonl")) \
+        else path
+    try:
+        return sio.read_sweep(d).runs
+    except FileNotFoundError:
+        raise PlanError("step_times_from", f"{path!r} is not a directory", "pass a sweep "
+                        "directory whose subdirectories are runs (or a study with logs/)") from None
+
+
+def to_jsonable(x: Any) -> Any:
+    """Plain JSON (numpy to Python; inf and NaN to null, as summary.json does: a null upper
+    end of an interval is unbounded)."""
+    from jaxrl_scale.scaling.analysis import to_jsonable as _tj
+    return _tj(x)
