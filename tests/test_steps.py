@@ -293,7 +293,9 @@ def test_seq_mean_modes_micro_batch_invariant(params, agg):
     g1, m1 = grads(params, batch, 1)
     g4, m4 = grads(params, batch, 4)
     assert tree_diff(g4, g1) <= 1e-5 * tree_norm(g1)
-    np.testing.assert_allclose(m4["actor_loss"], m1["actor_loss"], rtol=1e-5)
+    # the loss is a cancelling sum (|loss| ~ 3e-3 of O(1) terms): float32 summation order
+    # differs between 1 and 4 micro-batches at the 1e-8 level, so relative 1e-5 or 1e-7 absolute
+    np.testing.assert_allclose(m4["actor_loss"], m1["actor_loss"], rtol=1e-5, atol=1e-7)
     # Tiling micro-batch 1's groups keeps its seq-mean loss: its own gradient at full shape.
     rows = np.array([2, 3, 10, 11])
     sub = jax.tree.map(lambda x: jnp.tile(x[rows], (4,) + (1,) * (x.ndim - 1)), batch)

@@ -46,10 +46,8 @@ def _check_entries(out, batches, steps, k):
 def test_time_batches_structure(tmp_path, data_dir):
     from jaxrl_scale.experiment.timing import time_batches
     base = _tiny_base(tmp_path, data_dir)
-    out = time_batches(base, [8, 16], warmup=1, steps=2, progress=False)
-    _check_entries(out, [8, 16], 2, 1)
-    fit = fit_step_times(out, n_boot=50)
-    assert all(math.isfinite(fit[c]) for c in FIT_COLUMNS) and fit["n_steps"] == 4
+    out = time_batches(base, [8], warmup=1, steps=2, progress=False)   # (the fit: synthetic)
+    _check_entries(out, [8], 2, 1)
     assert not (tmp_path / "unused").exists()   # nothing written to the run directory
 
 
