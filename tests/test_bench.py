@@ -49,14 +49,16 @@ def test_rl_bench_runs_and_splits_the_step(tmp_path):
     out = tmp_path / "rl.json"
     p = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "rl_bench.py"),
                         "--model=tiny", "--prompts=4", "--group=2", "--steps=3", "--discard=1",
-                        "--rounds=1", f"--data_dir={tmp_path / 'data'}", f"--json_out={out}"],
+                        "--rounds=1", "--noevery_row", f"--data_dir={tmp_path / 'data'}",
+                        f"--json_out={out}"],
                        capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, PYTHONPATH=ROOT))
     assert p.returncode == 0, p.stderr[-2000:]
     import json
     res = json.load(open(out))["results"][0]
     (r,) = res["rounds"]["jaxrl_scale"]
-    assert res["P"] == 4 and res["rounds"]["trl"] == []
+    assert res["P"] == 4 and res["rounds"]["trl"] == [] == res["rounds"]["jaxrl_scale_every_row"]
+    assert r["tokens_per_row"] > 0
     assert r["responses_per_s"] > 0 and min(r["rollout_s"], r["update_s"], r["host_s"]) > 0
     assert r["rollout_s"] + r["update_s"] + r["host_s"] <= 1.5 * r["step_s"]
     assert "jaxrl_scale" in p.stdout and "host %" in p.stdout

@@ -192,3 +192,42 @@ def test_dense_custom_vjp_gradients_equal_autodiff(name, monkeypatch):
         w = functools.reduce(lambda t, k: t[k.key], path, want)
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5,
                                    err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_shared_prompt_hidden_states_equal_full_rows(name):
+    """response_hidden_states runs each group's prompt once; its hidden states at positions
+    Tp - 1 .. T - 2 (and their gradients) equal hidden_states on every row."""
+    from jaxrl_scale.models import decoder
+    cfg = CONFIGS[name]
+    params = _random_params(cfg, seed=5)
+    rng = np.random.RandomState(6)
+    P, G, Tp, R = 3, 4, 5, 6
+    plen = np.array([5, 2, 3])                    # left-padded prompts of different lengths
+    tok = rng.randint(0, cfg.vocab_size, (P * G, Tp + R))
+    tok[:, :Tp] = np.repeat(tok[::G, :Tp], G, axis=0)
+    valid = np.ones_like(tok, bool)
+    valid[:, :Tp] = np.repeat(np.arange(Tp)[None] >= Tp - plen[:, None], G, axis=0)
+    valid[:, Tp:] = np.arange(R)[None] < rng.randint(1, R + 1, (P * G, 1))   # right padding
+    tok, valid = jnp.asarray(tok, jnp.int32), jnp.asarray(valid)
+    w_BRD = jnp.asarray(rng.standard_normal((P * G, R, cfg.hidden_size)), jnp.float32)
+    # positions Tp - 1 .. T - 2 that are real tokens (padding's hidden states are unused)
+    m_BR1 = jnp.concatenate([jnp.ones((P * G, 1), bool), valid[:, Tp:-1]], axis=1)[..., None]
+
+    def full(p):
+        return decoder.hidden_states(cfg, p, tok, valid)[:, Tp - 1:-1]
+
+    def shared(p):
+        return decoder.response_hidden_states(cfg, p, tok, valid, prompt_len=Tp, group=G)
+
+    np.testing.assert_allclose(np.asarray(jax.jit(shared)(params) * m_BR1),
+                               np.asarray(jax.jit(full)(params) * m_BR1), rtol=TOL, atol=TOL)
+    g_full = jax.jit(jax.grad(lambda p: jnp.sum(full(p) * w_BRD * m_BR1)))(params)
+    g_shared = jax.jit(jax.grad(lambda p: jnp.sum(shared(p) * w_BRD * m_BR1)))(params)
+    for path, g in jax.tree_util.tree_leaves_with_path(g_shared):
+        w = np.asarray(functools.reduce(lambda t, k: t[k.key], path, g_full))
+        # float32 summation order differs (the prompt's gradient sums over the group first)
+        assert np.linalg.norm(np.asarray(g) - w) <= 1e-5 * np.linalg.norm(w), \
+            jax.tree_util.keystr(path)
+    with pytest.raises(ValueError, match="groups of 5"):
+        decoder.response_hidden_states(cfg, params, tok, valid, prompt_len=Tp, group=5)

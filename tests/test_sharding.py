@@ -155,3 +155,22 @@ def test_ppo_on_mesh_matches_one_device(params, ppo_reference, mesh_name):
         ref_critic.params, critic)
     assert critic_state.params["value_w"].sharding.spec == shd.spec_for(
         mesh, "value_w", critic["value_w"].shape)
+
+
+@pytest.mark.parametrize("mesh_name", ["data8", "d2f2t2"])
+def test_shared_prompt_update_on_mesh_matches_one_device(params, mesh_name):
+    """The shared-prompt update (prompt rows = groups, fewer than the data-parallel devices
+    here) on a mesh equals the 1-device shared-prompt update."""
+    from test_steps import TP
+    G = 4
+    batch = make_grpo_batch(0, shared_group=G)
+    ref_state, (ref,) = run_grpo(params, [batch], 2, group_size=G, shared_prompt_len=TP)
+    mesh = shd.make_mesh(**MESHES[mesh_name])
+    state = shard_train_state(mesh, new_state(params))
+    fn = steps.make_train_step(steps.grpo_step, state, mesh=mesh, compiler_options=FAST_COMPILE,
+                               cfg=CFG, tx=TX, loss_cfg=LOSS_CFG, micro_batches=2, lr_fn=LR_FN,
+                               with_grads=True, group_size=G, shared_prompt_len=TP)
+    state, m = fn(state, batch)
+    assert tree_diff(m["actor_grads"], ref["actor_grads"]) <= 1e-5 * tree_norm(ref["actor_grads"])
+    np.testing.assert_allclose(m["actor_loss"], ref["actor_loss"], rtol=1e-5)
+    assert tree_diff(state.params, ref_state.params) <= 1e-3 * tree_diff(ref_state.params, params)

@@ -10,7 +10,7 @@ import pytest
 from jaxrl_scale import optim
 from jaxrl_scale.models import get_config, param_shapes
 from jaxrl_scale.rl import losses, steps
-from jaxrl_scale.rl.batch import rollout_batch
+from jaxrl_scale.rl.batch import check_shared_prompts, rollout_batch
 from jaxrl_scale.rl.state import create_train_state
 from jaxrl_scale.rl.value import critic_values, init_critic_from_actor
 
@@ -50,15 +50,18 @@ def np_params(cfg, seed=0):
 GT = 2          # group size of the test batches: 16 rows = 8 groups, so M = 1, 2, 4, 8 work
 
 
-def make_grpo_batch(seed=0, rows=B):
+def make_grpo_batch(seed=0, rows=B, shared_group=0):
     """Left-padded prompts of 1..TP tokens, responses of 1..R tokens (so rows differ in their
     valid-token counts), behaviour log-probs near the tiny model's uniform -log V, continuous
-    rewards (no group has zero variance) and reference log-probs near the behaviour's."""
+    rewards (no group has zero variance) and reference log-probs near the behaviour's.
+    shared_group = G > 0: the G rows of each group share one prompt (a real rollout's layout)."""
     rng = np.random.default_rng(seed)
     plen = rng.integers(1, TP + 1, rows)
     rlen = rng.integers(1, R + 1, rows)
     rlen[0] = R
     prompts = [list(rng.integers(0, CFG.vocab_size, n)) for n in plen]
+    if shared_group:
+        prompts = [prompts[i - i % shared_group] for i in range(rows)]
     resp = rng.integers(0, CFG.vocab_size, (rows, R)).astype(np.int32)
     logp = -np.log(CFG.vocab_size) + 0.2 * rng.normal(size=(rows, R))
     batch, _ = rollout_batch(prompts, resp, logp, rlen, rng.normal(size=rows), prompt_len=TP,
@@ -468,3 +471,30 @@ def _surrogate(p, batch, prox_BS, use_prox):
                               clip_low=LOSS_CFG.clip_low, clip_high=LOSS_CFG.clip_high,
                               dual_clip=LOSS_CFG.dual_clip, agg=LOSS_CFG.agg,
                               prox_logp_BT=prox_BS)[0]
+
+
+@pytest.mark.parametrize("M", [1, 2])
+def test_shared_prompt_update_equals_every_row(params, M):
+    """shared_prompt_len runs each group's prompt once: the same loss, metrics, gradients
+    and update as scoring every row, with or without micro-batches."""
+    G = 4
+    batch = make_grpo_batch(0, shared_group=G)
+    check_shared_prompts(batch, TP, G)
+    state_f, (m_f,) = run_grpo(params, [batch], M, group_size=G)
+    state_s, (m_s,) = run_grpo(params, [batch], M, group_size=G, shared_prompt_len=TP)
+    for k in ("actor_loss", "pg_loss", "clipfrac", "approx_kl", "entropy", "kl", "tokens"):
+        np.testing.assert_allclose(m_s[k], m_f[k], rtol=1e-5, atol=1e-7, err_msg=k)
+    np.testing.assert_allclose(m_s["actor_grad_sqnorm_micro"], m_f["actor_grad_sqnorm_micro"],
+                               rtol=1e-4)
+    g = m_f["actor_grads"]
+    assert tree_diff(m_s["actor_grads"], g) <= 1e-5 * tree_norm(g)
+    assert tree_diff(state_s.params, state_f.params) <= 1e-3 * tree_diff(state_f.params, params)
+
+
+def test_shared_prompt_preconditions(params):
+    batch = make_grpo_batch(0)                       # every row has its own prompt
+    with pytest.raises(ValueError, match=r"group 0 \(rows 0\.\.3\) has different prompts"):
+        check_shared_prompts(batch, TP, 4)
+    with pytest.raises(ValueError, match="shared_prompt_len=4 needs num_minibatches=1"):
+        trace_grpo(params, make_grpo_batch(0, shared_group=4), group_size=4,
+                   shared_prompt_len=TP, num_minibatches=2)

@@ -8,6 +8,10 @@ Rounds alternate between the frameworks (jaxrl_scale in this process, TRL in a c
 started for its round), so each ratio compares two measurements taken minutes apart on the
 same machine state. Printed per P: medians over rounds and the ratio of every round.
 
+jaxrl_scale runs GRPO's default update, which scores each group's prompt once
+(TrainConfig.share_prompt); with --every_row (default) it is also timed with the prompt
+scored in every row, the token shapes TRL's update runs on (T, tokens per row, is printed).
+
 Splits (seconds per step, medians over the kept steps of a round):
   jaxrl_scale: rollout = the jitted decode (+ transfers); update = the jitted GRPO step
                (+ transfers); host = everything else in the step (tokenise, detokenise,
@@ -47,6 +51,8 @@ flags.DEFINE_string("task", "arithmetic", "Built-in task the prompts and rewards
 flags.DEFINE_float("lr", 1e-5, "Adam learning rate (both frameworks).")
 flags.DEFINE_integer("seed", 0, "Init, data order and sampling seed.")
 flags.DEFINE_bool("compare_trl", False, "Also run TRL's GRPOTrainer (needs the bench extra).")
+flags.DEFINE_bool("every_row", True, "Also time jaxrl_scale with --share_prompt=false (the "
+                  "prompt scored in every row: the token shapes TRL's update runs on).")
 flags.DEFINE_string("trl_python", sys.executable, "Python that has trl installed.")
 flags.DEFINE_string("data_dir", "~/.cache/jaxrl_scale/data", "Where the task data is built.")
 flags.DEFINE_string("json_out", "results/rl_bench.json", "Where to write every measurement.")
@@ -86,7 +92,7 @@ def _prepare(work: str, P_max: int) -> dict:
 
 # ----------------------------------------------------------------------------- jaxrl_scale
 
-def _jax_round(model_dir: str, P: int) -> list[dict]:
+def _jax_round(model_dir: str, P: int, share_prompt: bool = True) -> list[dict]:
     from jaxrl_scale.experiment.config import TrainConfig
     from jaxrl_scale.experiment.train import Run
 
@@ -96,7 +102,8 @@ def _jax_round(model_dir: str, P: int) -> list[dict]:
                            max_new_tokens=FLAGS.max_new_tokens, base_lr=FLAGS.lr,
                            lr_rule="fixed", base_batch=P * FLAGS.group,
                            micro_batches=FLAGS.micro_batches,
-                           max_grad_norm=0.0, kl_coef=0.0, seed=FLAGS.seed, eval_prompts=1)
+                           max_grad_norm=0.0, kl_coef=0.0, seed=FLAGS.seed, eval_prompts=1,
+                           share_prompt=share_prompt)
     run = Run(cfg)
     run.compile()
     out = []
@@ -154,13 +161,14 @@ def _trl_round_main(spec_path: str) -> None:
                 for i, p in enumerate(columns.get("prompts", [None] * len(completions)))]
         return [float(r) for r in reward_fn.score_batch(list(completions), rows)]
 
-    timings = {"rollout": [], "step": []}
+    timings = {"rollout": [], "step": [], "tokens": []}
 
     class Timed(GRPOTrainer):
         def _generate_and_score_completions(self, *a, **kw):
             t0 = time.perf_counter()
             out = super()._generate_and_score_completions(*a, **kw)
             timings["rollout"].append(time.perf_counter() - t0)
+            timings["tokens"].append(out["prompt_ids"].shape[1] + out["completion_ids"].shape[1])
             return out
 
     class StepTimer(TrainerCallback):
@@ -185,9 +193,9 @@ def _trl_round_main(spec_path: str) -> None:
                     train_dataset=Dataset.from_list(examples), callbacks=[StepTimer()])
     trainer.train()
     rows = []
-    for step_s, roll_s in zip(timings["step"], timings["rollout"]):
+    for step_s, roll_s, n_tok in zip(timings["step"], timings["rollout"], timings["tokens"]):
         rows.append(dict(step_s=step_s, rollout_s=roll_s, update_s=step_s - roll_s,
-                         retained=P * G))
+                         retained=P * G, tokens_per_row=n_tok))
     print("TRL_ROUND_JSON " + json.dumps(rows), flush=True)
 
 
@@ -211,12 +219,16 @@ def _trl_round(work: str, model_dir: str, examples: list, P: int) -> list[dict]:
 
 # ----------------------------------------------------------------------------- summary
 
+EVERY_ROW = "jaxrl_scale_every_row"   # share_prompt=False: TRL's token shapes in the update
+
+
 def _round_summary(rows: list[dict]) -> dict:
     kept = rows[FLAGS.discard:]
     med = {k: statistics.median(r[k] for r in kept)
            for k in ("step_s", "rollout_s", "update_s") + (("host_s",) if "host_s" in kept[0]
                                                              else ())}
     med["responses_per_s"] = sum(r["retained"] for r in kept) / sum(r["step_s"] for r in kept)
+    med["tokens_per_row"] = max(r["tokens_per_row"] for r in kept)   # the update's T
     return med
 
 
@@ -251,9 +263,12 @@ def main(argv):
         results = []
         for P in Ps:
             ex = shared["examples"]  # the stream's order; a TRL round reads the first P * steps
-            rounds = {"jaxrl_scale": [], "trl": []}
+            rounds = {"jaxrl_scale": [], EVERY_ROW: [], "trl": []}
             for r in range(FLAGS.rounds):
                 rounds["jaxrl_scale"].append(_round_summary(_jax_round(shared["model_dir"], P)))
+                if FLAGS.every_row:
+                    rounds[EVERY_ROW].append(_round_summary(
+                        _jax_round(shared["model_dir"], P, share_prompt=False)))
                 if FLAGS.compare_trl:
                     rounds["trl"].append(_round_summary(_trl_round(work, shared["model_dir"],
                                                                    ex, P)))
@@ -273,20 +288,24 @@ def main(argv):
 
 
 def _print_round(P, r, rounds):
-    j = rounds["jaxrl_scale"][-1]
-    line = (f"P={P} round {r + 1}: jaxrl_scale {j['responses_per_s']:.0f} resp/s "
-            f"(rollout {j['rollout_s']:.3f}, update {j['update_s']:.3f}, host {j['host_s']:.3f} "
-            f"s/step)")
+    parts = []
+    for name, rs in rounds.items():
+        if rs:
+            x = rs[-1]
+            host = f", host {x['host_s']:.3f}" if "host_s" in x else ""
+            parts.append(f"{name} {x['responses_per_s']:.0f} resp/s (rollout {x['rollout_s']:.3f}"
+                         f", update {x['update_s']:.3f}{host} s/step, T={x['tokens_per_row']})")
+    line = f"P={P} round {r + 1}: " + " | ".join(parts)
     if rounds["trl"]:
-        t = rounds["trl"][-1]
-        line += (f" | TRL {t['responses_per_s']:.0f} resp/s (rollout {t['rollout_s']:.3f}, "
-                 f"update {t['update_s']:.3f}) | ratio {j['responses_per_s'] / t['responses_per_s']:.2f}x")
+        line += (" | ratio to TRL " + ", ".join(
+            f"{rs[-1]['responses_per_s'] / rounds['trl'][-1]['responses_per_s']:.2f}x"
+            for name, rs in rounds.items() if rs and name != "trl"))
     print(line, flush=True)
 
 
 def _print_table(results):
-    print(f"\n{'P':>4} {'G':>2} {'framework':>12} {'resp/s':>8} {'rollout s':>10} "
-          f"{'update s':>9} {'host s':>7} {'host %':>7}")
+    print(f"\n{'P':>4} {'G':>2} {'framework':>22} {'resp/s':>8} {'rollout s':>10} "
+          f"{'update s':>9} {'host s':>7} {'host %':>7} {'T':>3}")
     for res in results:
         for name, rs in res["rounds"].items():
             if not rs:
@@ -294,14 +313,16 @@ def _print_table(results):
             m = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
             host = f"{m['host_s']:.3f}" if "host_s" in m else "-"
             pct = f"{100 * m['host_s'] / m['step_s']:.1f}" if "host_s" in m else "-"
-            print(f"{res['P']:>4} {res['G']:>2} {name:>12} {m['responses_per_s']:>8.0f} "
-                  f"{m['rollout_s']:>10.3f} {m['update_s']:>9.3f} {host:>7} {pct:>7}")
-        if res["rounds"]["trl"]:
-            ratios = [j["responses_per_s"] / t["responses_per_s"]
-                      for j, t in zip(res["rounds"]["jaxrl_scale"], res["rounds"]["trl"])]
-            upd = [t["update_s"] / j["update_s"]
-                   for j, t in zip(res["rounds"]["jaxrl_scale"], res["rounds"]["trl"])]
-            print(f"{'':>4} {'':>2} {'ratio':>12} resp/s per round: "
+            print(f"{res['P']:>4} {res['G']:>2} {name:>22} {m['responses_per_s']:>8.0f} "
+                  f"{m['rollout_s']:>10.3f} {m['update_s']:>9.3f} {host:>7} {pct:>7} "
+                  f"{m['tokens_per_row']:>3.0f}")
+        trl = res["rounds"]["trl"]
+        for name, rs in res["rounds"].items():
+            if not trl or not rs or name == "trl":
+                continue
+            ratios = [j["responses_per_s"] / t["responses_per_s"] for j, t in zip(rs, trl)]
+            upd = [t["update_s"] / j["update_s"] for j, t in zip(rs, trl)]
+            print(f"{'':>4} {'':>2} {name + ' / trl':>22} resp/s per round: "
                   f"{', '.join(f'{x:.2f}x' for x in ratios)}; update speed per round: "
                   f"{', '.join(f'{x:.2f}x' for x in upd)}")
 

@@ -44,6 +44,9 @@ flags.DEFINE_integer("prompt_len", 16, "Prompt tokens per sequence (not in the l
 flags.DEFINE_list("micro_batches", ["1", "2", "4"], "Micro-batch counts to time.")
 flags.DEFINE_integer("repeats", 3, "Timed updates per setting (median); >= 3 for reports.")
 flags.DEFINE_bool("remat", False, "Rematerialise each transformer block in the backward.")
+flags.DEFINE_bool("share_prompt", False, "Rows in groups of --group_size share their prompt and "
+                  "the update runs it once per group (GRPO's default in training); FLOPs count "
+                  "the tokens it runs on.")
 flags.DEFINE_string("dtype", "float32", "Param and compute dtype.")
 flags.DEFINE_integer("matmul_n", 2048, "Size of the n^3 matmul that measures the FLOP peak.")
 flags.DEFINE_string("json_out", "results/train_bench.json", "Where to write the results.")
@@ -51,20 +54,36 @@ flags.DEFINE_integer("seed", 0, "Params and batch seed.")
 
 FORMULA = ("FLOPs/update = 6 * P_matmul * B * T + 12 * L * B * T^2 * N * H "
            "(P_matmul: all params but the embedding lookup)")
+SHARED_FORMULA = ("shared prompt: 6 * P_trunk * (B/G * Tp + B * R) + 6 * D * V * B * R "
+                  "+ 12 * L * N * H * (B/G * Tp^2 + B * R * T) (R = T - Tp; P_trunk = P_matmul "
+                  "- D * V)")
 
 
-def update_flops(cfg, batch: int, seq_len: int) -> float:
-    dense = 6.0 * bench.matmul_params(cfg) * batch * seq_len
-    attn = 12.0 * cfg.num_layers * batch * seq_len ** 2 * cfg.num_heads * cfg.head_dim
-    return dense + attn
+def update_flops(cfg, batch: int, seq_len: int, prompt_len: int = 0, group: int = 1) -> float:
+    """FLOPs of the update as computed: every row (prompt_len = 0), or each group's prompt once
+    and the LM head only where it scores response tokens (shared prompt)."""
+    L, NH = cfg.num_layers, cfg.num_heads * cfg.head_dim
+    if not prompt_len:
+        dense = 6.0 * bench.matmul_params(cfg) * batch * seq_len
+        return dense + 12.0 * L * batch * seq_len ** 2 * NH
+    head = cfg.hidden_size * cfg.vocab_size
+    R, P = seq_len - prompt_len, batch // group
+    dense = 6.0 * (bench.matmul_params(cfg) - head) * (P * prompt_len + batch * R)
+    dense += 6.0 * head * batch * R
+    return dense + 12.0 * L * NH * (P * prompt_len ** 2 + batch * R * seq_len)
 
 
-def make_batch(cfg, batch: int, seq_len: int, prompt_len: int, seed: int) -> RolloutBatch:
+def make_batch(cfg, batch: int, seq_len: int, prompt_len: int, seed: int,
+               group: int = 0) -> RolloutBatch:
+    """Random tokens; with `group`, the rows of each group of that size share their prompt."""
     rng = np.random.default_rng(seed)
     pos = np.arange(seq_len)[None]
     resp = np.broadcast_to(pos >= prompt_len, (batch, seq_len))
+    tokens = rng.integers(0, cfg.vocab_size, (batch, seq_len))
+    if group:
+        tokens[:, :prompt_len] = np.repeat(tokens[::group, :prompt_len], group, axis=0)
     return RolloutBatch(
-        tokens_BT=jnp.asarray(rng.integers(0, cfg.vocab_size, (batch, seq_len)), jnp.int32),
+        tokens_BT=jnp.asarray(tokens, jnp.int32),
         valid_BT=jnp.ones((batch, seq_len), bool),
         loss_mask_BT=jnp.asarray(resp),
         old_logp_BT=jnp.asarray(np.where(resp, -np.log(cfg.vocab_size), 0.0), jnp.float32),
@@ -77,6 +96,7 @@ def time_updates(cfg, params, batch, micro_batches: int) -> float:
     fn = steps.make_train_step(steps.grpo_step, cfg=cfg, tx=tx, loss_cfg=steps.LossConfig(),
                                micro_batches=micro_batches, remat=FLAGS.remat,
                                group_size=FLAGS.group_size,
+                               shared_prompt_len=FLAGS.prompt_len if FLAGS.share_prompt else 0,
                                lr_fn=functools.partial(optim.current_lr, hp, warmup_steps=0))
     holder = [create_train_state(jax.tree.map(jnp.copy, params), tx, FLAGS.seed)]
 
@@ -92,9 +112,10 @@ def main(argv):
     cfg = get_config(FLAGS.model, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype)
     params = jax.jit(lambda: init_params(cfg, FLAGS.seed))()
     B, T = FLAGS.batch, FLAGS.seq_len
-    batch = make_batch(cfg, B, T, FLAGS.prompt_len, FLAGS.seed)
+    G = FLAGS.group_size
+    batch = make_batch(cfg, B, T, FLAGS.prompt_len, FLAGS.seed, G if FLAGS.share_prompt else 0)
     peak = bench.matmul_peak(FLAGS.matmul_n, FLAGS.dtype)
-    flops = update_flops(cfg, B, T)
+    flops = update_flops(cfg, B, T, FLAGS.prompt_len if FLAGS.share_prompt else 0, G)
 
     # The peak is re-measured after every setting and the largest value is the denominator:
     # on a shared machine a single measurement can land in a busy moment (MFU > 100%).
@@ -110,9 +131,11 @@ def main(argv):
 
     print(f"model={FLAGS.model} ({cfg.num_params() / 1e6:.1f}M params, "
           f"P_matmul={bench.matmul_params(cfg) / 1e6:.1f}M) batch={B} x seq_len={T} "
-          f"dtype={FLAGS.dtype} remat={FLAGS.remat} backend={jax.default_backend()} "
-          f"devices={jax.device_count()}")
-    print(FORMULA)
+          f"dtype={FLAGS.dtype} remat={FLAGS.remat} share_prompt={FLAGS.share_prompt} "
+          f"backend={jax.default_backend()} devices={jax.device_count()}")
+    print(SHARED_FORMULA if FLAGS.share_prompt else FORMULA)
+    if FLAGS.share_prompt:
+        print("tokens/s below counts all B * T tokens of the batch (the work it stands for)")
     print(f"FLOPs/update = {flops:.4g}; matmul peak ({FLAGS.matmul_n}^3 {FLAGS.dtype}, max of "
           f"{len(peaks)} measurements) = {peak_flops / 1e9:.1f} GFLOP/s "
           f"(all: {', '.join(f'{p / 1e9:.1f}' for p in peaks)})")
@@ -126,7 +149,9 @@ def main(argv):
     out = dict(model=FLAGS.model, num_params=cfg.num_params(),
                matmul_params=bench.matmul_params(cfg), batch=B, seq_len=T,
                prompt_len=FLAGS.prompt_len, dtype=FLAGS.dtype, remat=FLAGS.remat,
-               repeats=FLAGS.repeats, flops_per_update=flops, flops_formula=FORMULA,
+               share_prompt=FLAGS.share_prompt, group_size=G, repeats=FLAGS.repeats,
+               flops_per_update=flops,
+               flops_formula=SHARED_FORMULA if FLAGS.share_prompt else FORMULA,
                matmul_peak=dict(peak, flops_per_s=peak_flops, measurements=peaks),
                backend=jax.default_backend(), device_count=jax.device_count(),
                cpu_count=os.cpu_count(), machine=platform.machine(), rows=rows)

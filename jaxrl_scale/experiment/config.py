@@ -84,6 +84,9 @@ class TrainConfig:
     loss: LossConfig = dataclasses.field(default_factory=lambda: LossConfig(clip_high=0.28))
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     micro_batches: int = 1
+    # GRPO: run each group's prompt once in the update (the G responses share it; same loss
+    # and gradients on fewer tokens, rl/steps.grpo_step shared_prompt_len). False: every row.
+    share_prompt: bool = True
     # PPO's critic has its own schedule (its noise scale, so its critical batch, differs from
     # the actor's): critic_minibatches x critic_epochs Adam updates per rollout, each on
     # B_train / critic_minibatches responses, lr by critic_lr_rule at that batch.

@@ -41,7 +41,7 @@ from jaxrl_scale.experiment.metrics import MetricsLog
 from jaxrl_scale.experiment.writers import close_all, make_writers, write_all
 from jaxrl_scale.models import get_config, init_params, load_hf
 from jaxrl_scale.models.tokenizer import load_tokenizer
-from jaxrl_scale.rl.batch import RolloutBatch, rollout_batch
+from jaxrl_scale.rl.batch import RolloutBatch, check_shared_prompts, rollout_batch
 from jaxrl_scale.rl.partial import PartialRollout, staleness_metrics
 from jaxrl_scale.rl.state import init_train_state, state_shardings
 from jaxrl_scale.rl.steps import grpo_step, make_train_step, ppo_step, score_tokens
@@ -126,9 +126,13 @@ class Run:
         self.states = (_state(self.mesh, self.model_cfg, params, tx, cfg.seed),)
         common = dict(cfg=self.model_cfg, loss_cfg=cfg.loss,
                       micro_batches=cfg.micro_batches)
+        # GRPO's G responses share their prompt: the update runs it once per group.
+        self.shared_prompt_len = self.prompt_len if (
+            cfg.algo == "grpo" and cfg.share_prompt and cfg.group_size > 1) else 0
         if cfg.algo == "grpo":
             self.step_fn = make_train_step(grpo_step, self.states, mesh=self.mesh, tx=tx,
-                                           lr_fn=lr_fn, group_size=cfg.group_size, **common)
+                                           lr_fn=lr_fn, group_size=cfg.group_size,
+                                           shared_prompt_len=self.shared_prompt_len, **common)
         else:
             ctx, clr_fn = optimizer_for(cfg, cfg.optim.critic_base_lr,
                                         cfg.batch_train // cfg.critic_minibatches,
@@ -271,6 +275,8 @@ class Run:
                                           group_size=cfg.group_size,
                                           filter_zero_variance=cfg.filter_zero_variance)
         rec: dict[str, Any] = {}
+        if self.shared_prompt_len:
+            check_shared_prompts(batch, self.shared_prompt_len, cfg.group_size)
         if accounting["retained"]:  # an all-filtered batch makes no update (Adam would move)
             t2 = time.perf_counter()
             if self.score_ref is not None:

@@ -191,7 +191,11 @@ def _dense_bwd(n_in, res, g):
     n_lead = x.ndim - n_in
     dx = jax.lax.dot_general(g, w, ((tuple(range(n_lead, g.ndim)), tuple(range(n_in, w.ndim))),
                                     ((), ())))
-    dw = jax.lax.dot_general(x, g, ((tuple(range(n_lead)), tuple(range(n_lead))), ((), ())))
+    # Rows flattened first: a contraction over two leading axes makes XLA:CPU copy x into a
+    # [in, B*T] transposed layout; over one axis its matmul reads x transposed in place.
+    x2 = x.reshape(-1, *x.shape[n_lead:])
+    g2 = g.reshape(-1, *g.shape[n_lead:])
+    dw = jax.lax.dot_general(x2, g2, (((0,), (0,)), ((), ())))
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
@@ -239,9 +243,12 @@ def _mlp(cfg, lp, x_BTD):
 def _layer(cfg, lp, x_BTD, rope_BT, attend):
     """Pre-norm residual block; `attend(q, k, v) -> out` hides where keys come from.
     rope_BT: `rope_tables` at the tokens' positions."""
-    h = rms_norm(x_BTD, lp["attn_norm"], cfg.rms_norm_eps)
-    q, k, v = _qkv(cfg, lp, h, rope_BT)
-    attn_BTNH = attend(q, k, v)
+    q, k, v = _qkv(cfg, lp, rms_norm(x_BTD, lp["attn_norm"], cfg.rms_norm_eps), rope_BT)
+    return _layer_rest(cfg, lp, x_BTD, attend(q, k, v))
+
+
+def _layer_rest(cfg, lp, x_BTD, attn_BTNH):
+    """The block after attention: output projection, residual, pre-norm MLP, residual."""
     # Contract over the merged N*H axis: with "btnh,nhd" XLA (CPU) may pick a (h, n) order for
     # the contraction and transpose the whole wo matrix on every call.
     B, T, N, H = attn_BTNH.shape
@@ -336,6 +343,59 @@ def hidden_states(cfg: ModelConfig, params: Params, tokens_BT, valid_BT=None, *,
     for i in range(cfg.num_layers):
         x_BTD = block(x_BTD, _layer_params(params, i))
     return x_BTD
+
+
+def response_hidden_states(cfg: ModelConfig, params: Params, tokens_BT, valid_BT, *,
+                           prompt_len: int, group: int, remat: bool = False) -> jax.Array:
+    """`hidden_states` at positions prompt_len - 1 .. T - 2, [B, R, D] with R = T - prompt_len:
+    the positions whose logits score the response tokens prompt_len .. T - 1.
+
+    Rows come in groups of `group` consecutive rows that share their first `prompt_len` tokens
+    and valid flags (G responses to one prompt, the GRPO layout of rl/batch.py). The prompt is
+    then run once per group, not G times: a causal prompt token attends only to the prompt, so
+    its hidden states are the same in every row of the group, and the response queries attend
+    to the group's prompt keys/values broadcast over its rows (as decoding from a shared
+    KV cache does). Same math as `hidden_states` on the full rows; the prompt's gradients sum
+    over the group through the broadcast. Callers must guarantee the shared prefix.
+    """
+    B, T = tokens_BT.shape
+    G, Tp = int(group), int(prompt_len)
+    if B % G or not 0 < Tp < T:
+        raise ValueError(f"response_hidden_states: {B} rows in groups of {G}, prompt_len={Tp} "
+                         f"of T={T}; need groups that divide the rows and 0 < prompt_len < T")
+    P = B // G
+
+    def first_of_group(x_BT):  # [B, T] -> [P, Tp]; a reshape keeps row sharding on P
+        return x_BT.reshape(P, G, T)[:, 0, :Tp]
+
+    def per_row(x_P):          # [P, ...] -> [B, ...], each group's value on its G rows
+        return jnp.broadcast_to(x_P[:, None], (P, G) + x_P.shape[1:]).reshape(B, *x_P.shape[1:])
+
+    pos_BT = positions_from_valid(valid_BT)
+    rope_PT, rope_BR = rope_tables(cfg, first_of_group(pos_BT)), rope_tables(cfg, pos_BT[:, Tp:])
+    valid_PT = first_of_group(valid_BT)
+    mask_PTT = jnp.tril(jnp.ones((Tp, Tp), bool))[None] & valid_PT[:, None, :]
+    R = T - Tp
+    mask_BRS = jnp.concatenate([   # response query -> [prompt keys | response keys]
+        jnp.broadcast_to(per_row(valid_PT)[:, None, :], (B, R, Tp)),
+        jnp.tril(jnp.ones((R, R), bool))[None] & valid_BT[:, None, Tp:]], axis=2)
+
+    def block(xs, lp):
+        x_PTD, x_BRD = xs
+        qp, kp, vp = _qkv(cfg, lp, rms_norm(x_PTD, lp["attn_norm"], cfg.rms_norm_eps), rope_PT)
+        qr, kr, vr = _qkv(cfg, lp, rms_norm(x_BRD, lp["attn_norm"], cfg.rms_norm_eps), rope_BR)
+        k_BSKH = jnp.concatenate([per_row(kp), kr], axis=1)
+        v_BSKH = jnp.concatenate([per_row(vp), vr], axis=1)
+        return (_layer_rest(cfg, lp, x_PTD, _attention(qp, kp, vp, mask_PTT)),
+                _layer_rest(cfg, lp, x_BRD, _attention(qr, k_BSKH, v_BSKH, mask_BRS)))
+
+    if remat:
+        block = jax.checkpoint(block)
+    xs = (embed(cfg, params, first_of_group(tokens_BT)), embed(cfg, params, tokens_BT[:, Tp:]))
+    for i in range(cfg.num_layers):
+        xs = block(xs, _layer_params(params, i))
+    x_PTD, x_BRD = xs
+    return jnp.concatenate([per_row(x_PTD[:, -1:]), x_BRD[:, :-1]], axis=1)
 
 
 def forward(cfg: ModelConfig, params: Params, tokens_BT, valid_BT=None, *,

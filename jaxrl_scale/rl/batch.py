@@ -91,4 +91,18 @@ def rollout_batch(prompts: Sequence[Sequence[int]], tokens_BM: np.ndarray,
     return batch, accounting
 
 
-__all__ = ["RolloutBatch", "pack_sequences", "rollout_batch"]
+def check_shared_prompts(batch: RolloutBatch, prompt_len: int, group_size: int) -> None:
+    """Raise unless the G rows of every group carry the same first prompt_len tokens (and
+    valid flags): what an update with shared_prompt_len (rl/steps.grpo_step) relies on."""
+    G, Tp = int(group_size), int(prompt_len)
+    for name in ("tokens_BT", "valid_BT"):
+        x_PGT = np.asarray(getattr(batch, name))[:, :Tp].reshape(-1, G, Tp)
+        if not (x_PGT == x_PGT[:, :1]).all():
+            bad = int(np.flatnonzero((x_PGT != x_PGT[:, :1]).any(axis=(1, 2)))[0])
+            raise ValueError(f"group {bad} (rows {bad * G}..{bad * G + G - 1}) has different "
+                             f"prompts in its rows' first {Tp} columns ({name}); a shared-"
+                             "prompt update needs one prompt per group (--share_prompt=false "
+                             "to score every row on its own)")
+
+
+__all__ = ["RolloutBatch", "check_shared_prompts", "pack_sequences", "rollout_batch"]

@@ -37,7 +37,7 @@ import optax
 from jaxrl_scale import optim
 from jaxrl_scale import sharding as shd
 from jaxrl_scale.models.config import ModelConfig
-from jaxrl_scale.models.decoder import forward
+from jaxrl_scale.models.decoder import forward, logits_from_hidden, response_hidden_states
 from jaxrl_scale.rl import losses
 from jaxrl_scale.rl.batch import RolloutBatch
 from jaxrl_scale.rl.state import TrainState, state_shardings
@@ -253,14 +253,36 @@ def _grpo_advantages_BS(batch: RolloutBatch, group_size: int, estimator: str) ->
     return jnp.broadcast_to(adv_B[:, None], (adv_B.shape[0], S))
 
 
-def _actor_loss_fn(cfg: ModelConfig, loss_cfg: LossConfig, remat: bool, global_denom: Array):
+def _policy_logits(cfg, params, mb, remat, shared_prompt_len, group_size):
+    """(logits_BSV, action_tokens_BS, frame): logits of the actions the loss can see and the
+    slice `frame` that cuts every [B, S] field to the same columns.
+
+    shared_prompt_len = Tp > 0: rows in groups of group_size share their Tp prompt tokens, so
+    the prompt runs once per group (decoder.response_hidden_states) and only the R = T - Tp
+    response actions are scored: the action-frame columns before Tp - 1 are prompt tokens,
+    outside every loss mask.
+    """
+    tokens_BT, valid_BT = mb["tokens_BT"], mb["valid_BT"]
+    Tp = int(shared_prompt_len)
+    if Tp:
+        h_BRD = response_hidden_states(cfg, params, tokens_BT, valid_BT, prompt_len=Tp,
+                                       group=group_size, remat=remat)
+        return logits_from_hidden(cfg, params, h_BRD), tokens_BT[:, Tp:], lambda x: x[:, Tp - 1:]
+    logits_BTV = forward(cfg, params, tokens_BT, valid_BT, remat=remat)
+    return logits_BTV[:, :-1], tokens_BT[:, 1:], lambda x: x
+
+
+def _actor_loss_fn(cfg: ModelConfig, loss_cfg: LossConfig, remat: bool, global_denom: Array,
+                   shared_prompt_len: int = 0, group_size: int = 1):
     lc = loss_cfg
     clip = dict(clip_low=lc.clip_low, clip_high=lc.clip_high, dual_clip=lc.dual_clip or None)
 
     def loss_fn(params, mb):
-        logits_BTV = forward(cfg, params, mb["tokens_BT"], mb["valid_BT"], remat=remat)
-        logits_BSV = logits_BTV[:, :-1]
-        logp_BS = losses.token_logprobs(logits_BSV, mb["tokens_BT"][:, 1:], lc.temperature)
+        _, local_denom = _norm_parts(mb["mask_BS"], lc.agg)  # of the full frame (Dr.GRPO's T)
+        logits_BSV, actions_BS, frame = _policy_logits(cfg, params, mb, remat,
+                                                       shared_prompt_len, group_size)
+        mb = {k: frame(v) if k.endswith("_BS") else v for k, v in mb.items()}
+        logp_BS = losses.token_logprobs(logits_BSV, actions_BS, lc.temperature)
         mask_BS, w_BS = mb["mask_BS"], mb["w_BS"]
         old_BS, adv_BS = mb["old_logp_BS"], mb["adv_BS"]
 
@@ -290,7 +312,6 @@ def _actor_loss_fn(cfg: ModelConfig, loss_cfg: LossConfig, remat: bool, global_d
                 loss = loss + lc.kl_coef * jnp.sum(kl_BS * w_BS)
             token_sums["kl"] = jnp.sum(sg(kl_BS) * mask_BS)
         additive["loss"] = sg(loss)
-        _, local_denom = _norm_parts(mask_BS, lc.agg)
         scale = global_denom / local_denom
         return loss, (additive, token_sums, scale)
 
@@ -308,21 +329,21 @@ def _finish(additive, token_sums, n_tok, sq_M, grads):
 
 def _policy_grads(params: Any, data: dict[str, Array], *, cfg: ModelConfig,
                   loss_cfg: LossConfig, micro_batches: int = 1, remat: bool = False,
-                  group_size: int = 1):
+                  group_size: int = 1, shared_prompt_len: int = 0):
     """Gradients (float32) and metrics of the policy loss over one update batch (action frame)."""
     row_scale_B, denom = _norm_parts(data["mask_BS"], loss_cfg.agg)
     data = dict(data, w_BS=data["mask_BS"] * row_scale_B[:, None] / denom)
-    loss_fn = _actor_loss_fn(cfg, loss_cfg, remat, denom)
+    loss_fn = _actor_loss_fn(cfg, loss_cfg, remat, denom, shared_prompt_len, group_size)
     grads, _, additive, token_sums, sq_M = accumulate_grads(loss_fn, params, data, micro_batches,
                                                             group_size)
     return grads, _finish(additive, token_sums, jnp.sum(data["mask_BS"]), sq_M, grads)
 
 
 def _policy_update(state, data, *, cfg, tx, loss_cfg, micro_batches, remat, lr_fn,
-                   with_grads=False, group_size=1):
+                   with_grads=False, group_size=1, shared_prompt_len=0):
     grads, metrics = _policy_grads(state.params, data, cfg=cfg, loss_cfg=loss_cfg,
                                    micro_batches=micro_batches, remat=remat,
-                                   group_size=group_size)
+                                   group_size=group_size, shared_prompt_len=shared_prompt_len)
     state, opt_metrics = apply_grads(state, grads, tx, lr_fn)
     metrics.update(opt_metrics)
     if with_grads:
@@ -351,7 +372,8 @@ def grpo_step(state: TrainState, batch: RolloutBatch, *, cfg: ModelConfig,
               tx: optax.GradientTransformation, group_size: int,
               loss_cfg: LossConfig = LossConfig(), micro_batches: int = 1,
               num_minibatches: int = 1, epochs: int = 1, remat: bool = False,
-              lr_fn: Optional[Callable] = None, with_grads: bool = False):
+              lr_fn: Optional[Callable] = None, with_grads: bool = False,
+              shared_prompt_len: int = 0):
     """One GRPO (or other group-advantage) policy update: (state, batch) -> (state, metrics).
 
     Advantages come from batch.rewards_B by loss_cfg.advantage over groups of `group_size`
@@ -362,12 +384,21 @@ def grpo_step(state: TrainState, batch: RolloutBatch, *, cfg: ModelConfig,
     `lr_fn(count)` (e.g. partial(optim.current_lr, hparams, warmup_steps=...)) adds the lr
     used to the metrics; with_grads=True adds the pre-clip float32 gradient pytree as
     metrics["actor_grads"].
+
+    shared_prompt_len = Tp > 0 runs each group's prompt once (the batch's first Tp columns
+    must be the same in the G rows of every group, as rl/batch.rollout_batch lays them out):
+    the same loss and gradients, computed on P * Tp + B * (T - Tp) tokens instead of B * T.
+    Needs num_minibatches = 1 (minibatches interleave rows, splitting groups).
     """
+    if shared_prompt_len and num_minibatches != 1:
+        raise ValueError(f"shared_prompt_len={shared_prompt_len} needs num_minibatches=1 "
+                         f"(got {num_minibatches}): minibatches split the prompt groups")
     adv_BS = _grpo_advantages_BS(batch, group_size, loss_cfg.advantage)
     data = _actor_data(batch, adv_BS, loss_cfg)
     update = functools.partial(_policy_update, cfg=cfg, tx=tx, loss_cfg=loss_cfg,
                                micro_batches=micro_batches, remat=remat, lr_fn=lr_fn,
-                               with_grads=with_grads, group_size=group_size)
+                               with_grads=with_grads, group_size=group_size,
+                               shared_prompt_len=shared_prompt_len)
     state, metrics = _multi_update(update, state, data, num_minibatches, epochs)
     return state, _named(metrics, "actor")
 
