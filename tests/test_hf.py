@@ -140,7 +140,7 @@ def test_config_from_hf_legacy_and_architectures():
     assert config_from_hf(dict(SMALL, model_type="qwen2"), dtype=jnp.bfloat16).param_dtype == \
         "bfloat16"
     # config_to_hf -> config_from_hf is the identity
-    for name in ("tiny", "small", "rl_cpu", "qwen3-0.6b"):
+    for name in ("tiny", "small", "rl_cpu", "qwen3-0.6b", "moe_cpu", "qwen3-30b-a3b"):
         c = get_config(name)
         back = config_from_hf(config_to_hf(c), dtype=c.param_dtype, compute_dtype=c.dtype)
         assert back.replace(arch=c.arch) == c

@@ -17,6 +17,10 @@ pair and a PPO sweep, reusing the default's runs when given the same --sweep_dir
 --gen_batch_ratios=1,2 runs every config also with asynchronous partial rollout (B_gen = 2 x
 B_train; runs named ..._k2_s<seed>) and adds the partial-vs-synchronous comparison to the report.
 
+--executor=ray runs each run as a Ray task (--ray_address: an existing cluster, else a local
+one; --ray_cpus_per_run); --list_runs prints the runs by index and --run_index=I runs one of
+them alone (a job array), after which jaxrl-analyze --sweep_dir=DIR writes the report.
+
 Every TrainConfig field is also a flag (e.g. --task, --model, --base_lr, --micro_batches) and
 sets the base config shared by all runs. Run it again to resume: finished runs are skipped.
 """
@@ -27,8 +31,8 @@ from absl import flags
 from jaxrl_scale.cli import flagdefs, one_line_errors, print_summary, quiet_logging, run_main
 from jaxrl_scale.experiment.config import TrainConfig
 from jaxrl_scale.experiment.sft import SFTConfig, sft_config_for, sft_path, sft_warmstart
-from jaxrl_scale.experiment.sweep import (STUDIES, SweepConfig, run_sweep, study_config,
-                                          validate_sweep)
+from jaxrl_scale.experiment.sweep import (STUDIES, SweepConfig, all_runs, check_run_index,
+                                          run_one, run_sweep, study_config, validate_sweep)
 
 SWEEP_HELP = {
     "sweep_dir": "where the runs and the report go", "algos": "grpo and/or ppo",
@@ -46,7 +50,10 @@ SWEEP_HELP = {
     "tune_responses": "budget of each lr-tuning run",
     "target": "validation score J* of the analysis, or 'auto' (start + half of what every "
               "reference seed reaches)",
-    "compile_cache": "JAX persistent compilation cache"}
+    "compile_cache": "JAX persistent compilation cache",
+    "executor": "local (one run after another in this process) or ray (one Ray task per run)",
+    "ray_address": "Ray cluster to join (ray.init(address=...); empty: start a local one)",
+    "ray_cpus_per_run": "CPUs each run's Ray task reserves"}
 # Fields the study sets per run; every other TrainConfig field is a flag for the base config.
 _PER_RUN = ("run_dir", "algo", "prompts_per_step", "group_size", "lr_rule", "seed", "target",
             "target_margin", "max_responses", "base_batch", "gen_batch_ratio")
@@ -64,6 +71,11 @@ flagdefs.define_from_dataclass(SweepConfig, helps=SWEEP_HELP)
 flags.DEFINE_bool("warmstart", True, "Start every run from the cached SFT warm-start.")
 flags.DEFINE_float("warmstart_accuracy", SFTConfig.target_accuracy,
                    "Greedy held-out accuracy the warm-start stops at.")
+flags.DEFINE_bool("list_runs", False, "Print every run of the study as 'INDEX NAME' (the "
+                  "lr-tuning runs first) and exit.")
+flags.DEFINE_integer("run_index", None, "Run only this run of --list_runs and exit without "
+                     "the analysis (a job array: --run_index=$SLURM_ARRAY_TASK_ID); study runs "
+                     "need every lr-tuning run finished first.")
 FLAGS = flags.FLAGS
 
 
@@ -83,10 +95,25 @@ def main(argv):
         if FLAGS.warmstart and not (base.init_checkpoint or base.hf_checkpoint):
             sft = sft_config_for(base, FLAGS.warmstart_accuracy)
         validate_sweep(sweep, base, base.replace(init_checkpoint=sft_path(sft)) if sft else None)
+        if FLAGS.run_index is not None:
+            check_run_index(sweep, base, FLAGS.run_index)
+    if FLAGS.list_runs:
+        for i, (name, _) in enumerate(all_runs(sweep, base)):
+            print(i, name)
+        return 0
     if sft is not None:
         path, info = sft_warmstart(sft)
         print(f"warm-start: {path} (greedy held-out accuracy {info['accuracy']:.3f})")
         base = base.replace(init_checkpoint=path)
+    if FLAGS.run_index is not None:
+        res = run_one(sweep, base, FLAGS.run_index)
+        if res["error"]:
+            print(f"run {res['run']} failed: {res['error']}", file=sys.stderr)
+            return 1
+        print(f"run {FLAGS.run_index} ({res['run']}): "
+              f"{'already finished' if res['skipped'] else 'finished'}; once every index has "
+              f"run: jaxrl-analyze --sweep_dir={sweep.sweep_dir} --target={sweep.target}")
+        return 0
     summary = run_sweep(sweep, base)
     if "analysis_error" in summary:
         print(f"analysis failed: {summary['analysis_error']}\nThe runs are in {sweep.sweep_dir}; "

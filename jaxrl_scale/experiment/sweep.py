@@ -9,10 +9,16 @@ rollout (B_gen = k * B_train, k = gen_batch_ratio > 1) in <algo>_P<P>_G<G>_<rule
 so the synchronous runs keep their names whatever the ratios. Running the study again skips
 runs that finished (DONE.json) and resumes partial ones from their checkpoints, so a killed
 study loses at most the steps since a run's last checkpoint, never a finished run.
+
+Scale-out: executor="ray" runs each run as a Ray task (same directories, same skipping, the
+same analysis after the last one); `all_runs` numbers every run (the lr-tuning runs first) and
+`run_one` runs one of them alone, for a job array whose tasks each take an index. A study run
+needs the tuned lr, so its index is refused until every tuning run has finished.
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import itertools
 import json
 import os
@@ -32,6 +38,7 @@ TUNE_DIR = "_lr_tune"          # read_sweep skips "_"-prefixed directories: not 
 TUNE_FILE = "lr_tune.json"
 EVAL0_DIR = "_eval0"            # step-0 evals shared by runs that start alike (train.py)
 COMPILE_CACHE = "~/.cache/jaxrl_scale/jax_cache"
+EXECUTORS = ("local", "ray")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +66,9 @@ class SweepConfig:
     tune_responses: int = 6144         # response budget of each tuning run
     target: float | str = "auto"       # analysis target J* ("auto": from the reference)
     compile_cache: bool = True         # JAX persistent compilation cache (shared shapes)
+    executor: str = "local"            # "local": one run after another; "ray": a task per run
+    ray_address: str = ""              # existing Ray cluster (ray.init(address=...)); "": local
+    ray_cpus_per_run: float = 1.0      # num_cpus each run's Ray task reserves
 
     def base_batch(self) -> int:
         P0 = self.base_prompts or min(self.prompts)
@@ -205,8 +215,49 @@ def enable_compile_cache(path: str = COMPILE_CACHE) -> str:
     return path
 
 
+def _run_one(cfg: TrainConfig, progress: bool, eval0_cache: str | None) -> str | None:
+    """Train (or finish) one run. None, or its error as one line (traceback: ERROR.txt)."""
+    try:
+        run_training(cfg, progress=progress, eval0_cache=eval0_cache)
+    except Exception as e:  # keep going: one broken run must not cost the others
+        _write_error(cfg.run_dir, traceback.format_exc())
+        return _one_line(e)
+    return None
+
+
+def _write_error(run_dir: str, text: str) -> None:
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "ERROR.txt"), "w") as f:
+        f.write(text)
+
+
+def _one_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"
+
+
+def _ray_task(cfg: TrainConfig, compile_cache: bool, verbosity: int, cwd: str,
+              eval0_cache: str | None = None) -> tuple[str | None, float]:
+    """One run inside a Ray worker: the driver's directory (relative run dirs), log level and
+    compilation cache first."""
+    from absl import logging
+    if os.path.isdir(cwd):
+        os.chdir(cwd)
+    logging.set_verbosity(verbosity)
+    if compile_cache:
+        enable_compile_cache()
+    t0 = time.time()
+    return _run_one(cfg, False, eval0_cache), time.time() - t0
+
+
 def _run_all(cfgs: list[TrainConfig], desc: str, progress: bool,
-             eval0_cache: str | None = None) -> tuple[dict, dict]:
+             eval0_cache: str | None = None, sweep: SweepConfig | None = None
+             ) -> tuple[dict, dict]:
+    """Every unfinished run of `cfgs`; ({name: error}, {name: wall s}). sweep.executor "ray":
+    one Ray task each, gathered as they finish, so a failed task costs only its own run."""
+    if sweep is not None and sweep.executor == "ray":
+        todo = [c for c in cfgs if not is_finished(c.run_dir)]
+        return _run_all_ray(todo, desc, progress, sweep, eval0_cache) if todo else ({}, {})
     errors, timings = {}, {}
     bar = tqdm(cfgs, desc=desc, unit="run", disable=not progress)
     for cfg in bar:
@@ -215,14 +266,41 @@ def _run_all(cfgs: list[TrainConfig], desc: str, progress: bool,
         if is_finished(cfg.run_dir):
             continue
         t0 = time.time()
-        try:
-            run_training(cfg, progress=progress, eval0_cache=eval0_cache)
-        except Exception as e:  # keep going: one broken run must not cost the others
-            errors[name] = f"{type(e).__name__}: {e}"
-            os.makedirs(cfg.run_dir, exist_ok=True)
-            with open(os.path.join(cfg.run_dir, "ERROR.txt"), "w") as f:
-                f.write(traceback.format_exc())
+        err = _run_one(cfg, progress, eval0_cache)
+        if err is not None:
+            errors[name] = err
         timings[name] = time.time() - t0
+    bar.close()
+    return errors, timings
+
+
+def _run_all_ray(todo: list[TrainConfig], desc: str, progress: bool, sweep: SweepConfig,
+                 eval0_cache: str | None = None) -> tuple[dict, dict]:
+    """Runs that start alike share the step-0 eval as in the sequential sweep (tasks started
+    together may each compute it; the cache file is written atomically per process)."""
+    import ray
+    from absl import logging
+    if not ray.is_initialized():   # a caller's ray.init (e.g. num_cpus) is kept
+        ray.init(address=sweep.ray_address or None, log_to_driver=progress)
+    task = ray.remote(num_cpus=sweep.ray_cpus_per_run, max_retries=0)(_ray_task)
+    args = (sweep.compile_cache, logging.get_verbosity(), os.getcwd(), eval0_cache)
+    pending = {task.remote(c, *args): c for c in todo}
+    errors, timings = {}, {}
+    bar = tqdm(total=len(pending), desc=f"{desc} (ray)", unit="run", disable=not progress)
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1)
+        cfg = pending.pop(done[0])
+        name = os.path.basename(cfg.run_dir)
+        try:
+            err, timings[name] = ray.get(done[0])
+        except Exception as e:  # the worker died (OOM, node lost): only this run is lost
+            _write_error(cfg.run_dir, str(e))
+            err = _one_line(e)
+        if err is not None:
+            errors[name] = err
+            if progress:   # as it happens; the summary lists it again
+                tqdm.write(f"run {name} failed: {err}")
+        bar.update(1)
     bar.close()
     return errors, timings
 
@@ -265,6 +343,15 @@ def _check_sweep_fields(sweep: SweepConfig) -> None:
         v = getattr(sweep, field)
         need(field, isinstance(v, int) and v >= 0, f"must be >= 0 (0: the smallest), got {v}",
              f"set --{field} to a grid value or 0")
+    need("executor", sweep.executor in EXECUTORS, f"{sweep.executor!r} is not one of "
+         f"{EXECUTORS}", "use --executor=local (one run after another) or --executor=ray")
+    need("executor", sweep.executor != "ray" or importlib.util.find_spec("ray") is not None,
+         "ray is not installed", "pip install -e '.[ray]'")
+    need("ray_address", not sweep.ray_address or sweep.executor == "ray",
+         f"{sweep.ray_address!r} is given but the executor is {sweep.executor!r}",
+         "add --executor=ray, or drop --ray_address")
+    need("ray_cpus_per_run", sweep.ray_cpus_per_run > 0,
+         f"must be > 0, got {sweep.ray_cpus_per_run}", "e.g. --ray_cpus_per_run=4")
     t = sweep.target
     need("target", t == "auto" or (isinstance(t, (int, float)) and 0 <= t <= 1),
          f"must be 'auto' or a score in [0, 1], got {t!r}", "e.g. --target=auto or 0.6")
@@ -296,6 +383,81 @@ def validate_sweep(sweep: SweepConfig, base: TrainConfig,
         check_resume(cfg, ignore=("base_lr",))
 
 
+def _prepare(sweep: SweepConfig) -> str:
+    """The compilation cache and the sweep directory; returns the shared step-0 eval dir (runs
+    from one checkpoint share it)."""
+    if sweep.compile_cache:
+        enable_compile_cache()
+    os.makedirs(sweep.sweep_dir, exist_ok=True)
+    return os.path.join(sweep.sweep_dir, EVAL0_DIR)
+
+
+def _write_json(path: str, obj: Any) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"   # job-array tasks may write the same file at once
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)
+
+
+def _tuned_plan(sweep: SweepConfig, base: TrainConfig, tune: list[TrainConfig]
+                ) -> tuple[dict[str, Any], list[TrainConfig]]:
+    """The lr chosen from the finished tuning runs (recorded in lr_tune.json) and the study's
+    runs with it (recorded in sweep.json)."""
+    lrs = choose_lrs(sweep, tune)
+    if tune:
+        _write_json(os.path.join(sweep.sweep_dir, TUNE_FILE), {
+            "reference_batch": {a: _reference_batch(sweep, a) for a in sweep.algos},
+            "tuned": lrs, "runs": [c.run_dir for c in tune]})
+    base_lrs = {a: v["lr"] for a, v in lrs.items()}
+    runs = plan(sweep, base, base_lrs)
+    _write_json(os.path.join(sweep.sweep_dir, "sweep.json"), {
+        "sweep": dataclasses.asdict(sweep), "base": base.to_json(), "base_lrs": base_lrs,
+        "runs": [os.path.basename(c.run_dir) for c in runs]})
+    return lrs, runs
+
+
+def all_runs(sweep: SweepConfig, base: TrainConfig) -> list[tuple[str, TrainConfig]]:
+    """(name relative to sweep_dir, config) of every run, in the order `run_one` indexes them:
+    the lr-tuning runs first, then the study's runs (with base.optim.base_lr: the tuned lr is
+    known only once tuning has finished, and it does not change a run's name)."""
+    return [(os.path.relpath(c.run_dir, sweep.sweep_dir), c)
+            for c in tune_plan(sweep, base) + plan(sweep, base)]
+
+
+def check_run_index(sweep: SweepConfig, base: TrainConfig, index: int) -> None:
+    """ConfigError("run_index", ...) for an index outside all_runs, a run on Ray, or a study
+    run whose tuned lr is not known yet (some lr-tuning run has not finished)."""
+    runs, n_tune = all_runs(sweep, base), len(tune_plan(sweep, base))
+    if not 0 <= index < len(runs):
+        raise ConfigError("run_index", f"{index} is out of range: the study has {len(runs)} "
+                          f"runs, 0..{len(runs) - 1}", "pick one of the indices --list_runs prints")
+    if sweep.executor != "local":
+        raise ConfigError("run_index", "runs one run in this process, not with --executor="
+                          f"{sweep.executor}", "drop --executor (or --run_index)")
+    left = [i for i, (_, c) in enumerate(runs[:n_tune]) if not is_finished(c.run_dir)]
+    if index >= n_tune and left:
+        raise ConfigError("run_index", f"run {index} ({runs[index][0]}) needs the tuned lr, but "
+                          f"lr-tuning runs {left} have not finished", f"run --run_index=0..."
+                          f"{n_tune - 1} first (SLURM: the study's array with "
+                          f"--dependency=afterok:<tuning job id>)")
+
+
+def run_one(sweep: SweepConfig, base: TrainConfig, index: int, *,
+            progress: bool = True) -> dict[str, Any]:
+    """Run (or finish) run `index` of `all_runs` alone: one task of a job array. No analysis
+    (run the analysis once every index has finished). Returns {"run", "error"}; a finished
+    run is skipped, as in run_sweep."""
+    validate_sweep(sweep, base)
+    check_run_index(sweep, base, index)
+    eval0 = _prepare(sweep)
+    tune = tune_plan(sweep, base)
+    cfg = tune[index] if index < len(tune) else _tuned_plan(sweep, base, tune)[1][index - len(tune)]
+    name = os.path.relpath(cfg.run_dir, sweep.sweep_dir)
+    if is_finished(cfg.run_dir):
+        return {"run": name, "error": None, "skipped": True}
+    return {"run": name, "error": _run_one(cfg, progress, eval0), "skipped": False}
+
+
 def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
               analyse: bool = True) -> dict[str, Any]:
     """Tune (if asked), run (or finish) every run of the study, then analyse and report.
@@ -303,23 +465,11 @@ def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
     not run, "analysis_error"; a reference that misses the target is reported, not an error."""
     tune = tune_plan(sweep, base)
     validate_sweep(sweep, base)
-    if sweep.compile_cache:
-        enable_compile_cache()
-    os.makedirs(sweep.sweep_dir, exist_ok=True)
+    eval0 = _prepare(sweep)
     t_start = time.time()
-    eval0 = os.path.join(sweep.sweep_dir, EVAL0_DIR)  # runs from one checkpoint share it
-    errors, timings = _run_all(tune, "lr tuning", progress, eval0)
-    lrs = choose_lrs(sweep, tune)
-    if tune:
-        with open(os.path.join(sweep.sweep_dir, TUNE_FILE), "w") as f:
-            json.dump({"reference_batch": {a: _reference_batch(sweep, a) for a in sweep.algos},
-                       "tuned": lrs, "runs": [c.run_dir for c in tune]}, f, indent=2)
-    runs = plan(sweep, base, {a: v["lr"] for a, v in lrs.items()})
-    with open(os.path.join(sweep.sweep_dir, "sweep.json"), "w") as f:
-        json.dump({"sweep": dataclasses.asdict(sweep), "base": base.to_json(),
-                   "base_lrs": {a: v["lr"] for a, v in lrs.items()},
-                   "runs": [os.path.basename(c.run_dir) for c in runs]}, f, indent=2)
-    e2, t2 = _run_all(runs, "sweep", progress, eval0)
+    errors, timings = _run_all(tune, "lr tuning", progress, eval0, sweep)
+    lrs, runs = _tuned_plan(sweep, base, tune)
+    e2, t2 = _run_all(runs, "sweep", progress, eval0, sweep)
     errors.update(e2)
     timings.update(t2)
     with open(os.path.join(sweep.sweep_dir, "sweep_status.json"), "w") as f:

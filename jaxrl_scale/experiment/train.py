@@ -383,9 +383,10 @@ def initial_eval(run: "Run", cache_dir: str | None = None) -> dict[str, Any]:
             return json.load(f)["eval"]
     ev = run.evaluate(0)
     os.makedirs(cache_dir, exist_ok=True)
-    with open(path + ".tmp", "w") as f:
+    tmp = f"{path}.{os.getpid()}.tmp"   # runs in other processes may finish the same eval
+    with open(tmp, "w") as f:
         json.dump({"key": key, "eval": ev}, f, default=str)
-    os.replace(path + ".tmp", path)
+    os.replace(tmp, path)
     return ev
 
 

@@ -2,7 +2,8 @@
 
 Shape letters used across jaxrl_scale.models:
     B batch, T time (query tokens), S cache slots, D hidden, V vocab, L layers,
-    N query heads, K kv heads, G = N // K query heads per kv head, H head dim, F mlp hidden.
+    N query heads, K kv heads, G = N // K query heads per kv head, H head dim, F mlp hidden,
+    E experts (mixture-of-experts layers; F is then the per-expert moe_intermediate_size).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-ARCHS = ("llama", "qwen2", "qwen3")
+ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,7 +21,9 @@ class ModelConfig:
 
     `arch` only documents the family; behaviour is driven by the flags:
     Qwen2 = attention_bias, Qwen3 = qk_norm (per-head RMSNorm on q and k, explicit head_dim),
-    Llama = neither.
+    Llama = neither. Qwen3-MoE = qk_norm + num_experts > 0: every layer's MLP is a top-k routed
+    mixture of num_experts SwiGLU experts of width moe_intermediate_size (models/moe.py);
+    intermediate_size is then unused (kept for the HF config round trip).
     """
 
     vocab_size: int
@@ -46,6 +49,15 @@ class ModelConfig:
     # dtype policy: parameters stored in param_dtype, matmuls in dtype, logits always float32.
     param_dtype: str = "float32"
     dtype: str = "float32"
+    # Mixture of experts (Qwen3-MoE): 0 experts = dense MLP. Every layer is sparse (HF's
+    # decoder_sparse_step=1, mlp_only_layers=[], as in Qwen3-30B-A3B).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False   # renormalise the top-k router probabilities to sum to 1
+    # HF's config value, carried for the round trip; the RL loss's own weight of the router
+    # load-balancing loss is rl.steps.LossConfig.router_aux_coef.
+    router_aux_loss_coef: float = 0.001
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -60,6 +72,20 @@ class ModelConfig:
                     f"num_kv_heads={self.num_kv_heads} (grouped-query attention).")
         if self.head_dim % 2:
             raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even for RoPE.")
+        if self.num_experts < 0:
+            raise ValueError(f"ModelConfig.num_experts must be >= 0 (0 = dense MLP), got "
+                             f"{self.num_experts}.")
+        if self.num_experts:
+            if not 1 <= self.num_experts_per_tok <= self.num_experts:
+                raise ValueError(
+                        f"ModelConfig.num_experts_per_tok={self.num_experts_per_tok} must be in "
+                        f"1..num_experts={self.num_experts} for a mixture-of-experts model.")
+            if self.moe_intermediate_size <= 0:
+                raise ValueError(
+                        f"ModelConfig.moe_intermediate_size must be positive when num_experts="
+                        f"{self.num_experts} > 0, got {self.moe_intermediate_size}.")
+        elif self.arch == "qwen3_moe":
+            raise ValueError("ModelConfig.arch='qwen3_moe' needs num_experts > 0.")
         if self.rope_scaling is not None:
             rs = dict(self.rope_scaling)
             object.__setattr__(self, "rope_scaling", tuple(sorted(rs.items())))
@@ -81,10 +107,18 @@ class ModelConfig:
     def replace(self, **kw) -> "ModelConfig":
         return dataclasses.replace(self, **kw)
 
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
     def num_params(self) -> int:
         d, f, h = self.hidden_size, self.intermediate_size, self.head_dim
         n, k = self.num_heads, self.num_kv_heads
-        per_layer = d * h * (n + 2 * k) + n * h * d + 3 * d * f + 2 * d
+        if self.is_moe:  # router [D, E] + E experts' gate/up/down
+            mlp = d * self.num_experts + 3 * self.num_experts * d * self.moe_intermediate_size
+        else:
+            mlp = 3 * d * f
+        per_layer = d * h * (n + 2 * k) + n * h * d + mlp + 2 * d
         per_layer += (n + 2 * k) * h if self.attention_bias else 0
         per_layer += 2 * h if self.qk_norm else 0
         per_layer += d if self.o_bias else 0
@@ -104,6 +138,13 @@ PRESETS: dict[str, ModelConfig] = {
         "rl_cpu": ModelConfig(vocab_size=128, hidden_size=192, num_layers=3, num_heads=6,
                                                     num_kv_heads=2, head_dim=32, intermediate_size=512, max_seq_len=128,
                                                     tie_word_embeddings=True),
+        # rl_cpu's shape with a Qwen3-MoE MLP: 8 experts, top-2, each half rl_cpu's width (so
+        # the active MLP width equals rl_cpu's); ~3.9M params.
+        "moe_cpu": ModelConfig(vocab_size=128, hidden_size=192, num_layers=3, num_heads=6,
+                                                     num_kv_heads=2, head_dim=32, intermediate_size=512,
+                                                     max_seq_len=128, tie_word_embeddings=True, qk_norm=True,
+                                                     arch="qwen3_moe", num_experts=8, num_experts_per_tok=2,
+                                                     moe_intermediate_size=256, norm_topk_prob=True),
         # Real-model shapes for accelerator users: float32 master params (Adam updates float32
         # weights and moments), bfloat16 matmuls (every weight is cast at use, decoder.py).
         "qwen2.5-0.5b": ModelConfig(vocab_size=151936, hidden_size=896, num_layers=24, num_heads=14,
@@ -127,6 +168,15 @@ PRESETS: dict[str, ModelConfig] = {
                                                             rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True,
                                                             qk_norm=True, max_seq_len=40960, arch="qwen3",
                                                             param_dtype="float32", dtype="bfloat16"),
+        # Qwen3-30B-A3B (its HF config.json): 128 experts, 8 active per token; ~30.5B params.
+        "qwen3-30b-a3b": ModelConfig(vocab_size=151936, hidden_size=2048, num_layers=48,
+                                                                 num_heads=32, num_kv_heads=4, head_dim=128,
+                                                                 intermediate_size=6144, rope_theta=1e6, rms_norm_eps=1e-6,
+                                                                 tie_word_embeddings=False, qk_norm=True,
+                                                                 max_seq_len=40960, arch="qwen3_moe", num_experts=128,
+                                                                 num_experts_per_tok=8, moe_intermediate_size=768,
+                                                                 norm_topk_prob=True, param_dtype="float32",
+                                                                 dtype="bfloat16"),
 }
 
 

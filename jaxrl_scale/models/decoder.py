@@ -8,7 +8,10 @@ Params pytree (layers stacked on a leading L axis so sharding rules see one arra
   layers: attn_norm [L, D], wq [L, D, N, H], wk/wv [L, D, K, H], wo [L, N, H, D],
           (bq [L, N, H], bk/bv [L, K, H] when attention_bias), (q_norm/k_norm [L, H] when qk_norm),
           (bo [L, D] when o_bias),
-          mlp_norm [L, D], w_gate/w_up [L, D, F], w_down [L, F, D].
+          mlp_norm [L, D], w_gate/w_up [L, D, F], w_down [L, F, D]
+          (MoE, cfg.num_experts = E > 0, instead of w_gate/w_up/w_down: router [L, D, E],
+          expert_gate/expert_up [L, E, D, F], expert_down [L, E, F, D], F = moe_intermediate_size;
+          the math is in models/moe.py).
 
 Padding: every entry point takes `valid_BT` (True on real tokens). RoPE positions count only
 valid tokens, so a left-padded prompt gets the same positions as the unpadded one, and keys
@@ -24,6 +27,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from jaxrl_scale.models import moe
 from jaxrl_scale.models.config import ModelConfig
 
 Params = dict[str, Any]
@@ -67,8 +71,13 @@ def param_shapes(cfg: ModelConfig) -> Params:
         "attn_norm": (L, D),
         "wq": (L, D, N, H), "wk": (L, D, K, H), "wv": (L, D, K, H), "wo": (L, N, H, D),
         "mlp_norm": (L, D),
-        "w_gate": (L, D, F), "w_up": (L, D, F), "w_down": (L, F, D),
     }
+    if cfg.num_experts:
+        E, Fe = cfg.num_experts, cfg.moe_intermediate_size
+        layers.update(router=(L, D, E), expert_gate=(L, E, D, Fe), expert_up=(L, E, D, Fe),
+                      expert_down=(L, E, Fe, D))
+    else:
+        layers.update(w_gate=(L, D, F), w_up=(L, D, F), w_down=(L, F, D))
     if cfg.attention_bias:
         layers.update(bq=(L, N, H), bk=(L, K, H), bv=(L, K, H))
     if cfg.qk_norm:
@@ -226,6 +235,8 @@ def _qkv(cfg, lp, x_BTD, rope_BT):
 
 
 def _mlp(cfg, lp, x_BTD):
+    if cfg.num_experts:
+        return moe.moe_mlp(cfg, lp, x_BTD)[0]
     dt = cfg.jnp_dtype
     if "w_gate_up" in lp:  # fused layout from `unstack_layers`
         gate, up = jnp.split(dense(x_BTD, lp["w_gate_up"].astype(dt)), 2, axis=-1)
@@ -240,15 +251,16 @@ def _mlp(cfg, lp, x_BTD):
     return dense(h_BTF, lp["w_down"].astype(dt))
 
 
-def _layer(cfg, lp, x_BTD, rope_BT, attend):
+def _layer(cfg, lp, x_BTD, rope_BT, attend, *, with_router: bool = False):
     """Pre-norm residual block; `attend(q, k, v) -> out` hides where keys come from.
-    rope_BT: `rope_tables` at the tokens' positions."""
+    rope_BT: `rope_tables` at the tokens' positions. with_router: see `_layer_rest`."""
     q, k, v = _qkv(cfg, lp, rms_norm(x_BTD, lp["attn_norm"], cfg.rms_norm_eps), rope_BT)
-    return _layer_rest(cfg, lp, x_BTD, attend(q, k, v))
+    return _layer_rest(cfg, lp, x_BTD, attend(q, k, v), with_router=with_router)
 
 
-def _layer_rest(cfg, lp, x_BTD, attn_BTNH):
-    """The block after attention: output projection, residual, pre-norm MLP, residual."""
+def _layer_rest(cfg, lp, x_BTD, attn_BTNH, *, with_router: bool = False):
+    """The block after attention: output projection, residual, pre-norm MLP, residual.
+    with_router (MoE only): return (x_BTD, router_logits_BTE) instead."""
     # Contract over the merged N*H axis: with "btnh,nhd" XLA (CPU) may pick a (h, n) order for
     # the contraction and transpose the whole wo matrix on every call.
     B, T, N, H = attn_BTNH.shape
@@ -257,7 +269,11 @@ def _layer_rest(cfg, lp, x_BTD, attn_BTNH):
     if cfg.o_bias:
         out_BTD = out_BTD + lp["bo"].astype(cfg.jnp_dtype)
     x_BTD = x_BTD + out_BTD
-    return x_BTD + _mlp(cfg, lp, rms_norm(x_BTD, lp["mlp_norm"], cfg.rms_norm_eps))
+    h_BTD = rms_norm(x_BTD, lp["mlp_norm"], cfg.rms_norm_eps)
+    if with_router:
+        y_BTD, logits_BTE = moe.moe_mlp(cfg, lp, h_BTD)
+        return x_BTD + y_BTD, logits_BTE
+    return x_BTD + _mlp(cfg, lp, h_BTD)
 
 
 def _layer_params(params, i):
@@ -279,6 +295,9 @@ def unstack_layers(cfg: ModelConfig, params: Params, *, fuse: bool = True) -> tu
     floats (32 vs 17 GB/s for 1536 x 512 at batch 1; the other matrices, contracting over D,
     are fastest as they are). In-process A/B on `small`: tokens/s +8% at batch 1, +13% at 4,
     +7% at 16, +4% at 64, +1% at 256.
+
+    MoE layers (cfg.num_experts > 0): the experts' gate/up become one [D, 2, E, F] array
+    ("expert_gate_up", moe.fuse_gate_up); router and expert_down stay as they are.
     """
     out = []
     for i in range(cfg.num_layers):
@@ -290,9 +309,13 @@ def unstack_layers(cfg: ModelConfig, params: Params, *, fuse: bool = True) -> tu
                 [lp.pop(n).reshape(D, -1) for n in ("wq", "wk", "wv")], axis=1)
             if cfg.attention_bias:
                 lp["b_qkv"] = jnp.concatenate([lp.pop(n).reshape(-1) for n in ("bq", "bk", "bv")])
-            lp["w_gate_up"] = jnp.concatenate([lp.pop("w_gate"), lp.pop("w_up")], axis=1)
             lp["wo"] = lp["wo"].reshape(-1, lp["wo"].shape[-1])
-            lp["w_down_DF"] = lp.pop("w_down").T
+            if cfg.num_experts:
+                lp["expert_gate_up"] = moe.fuse_gate_up(lp)
+                del lp["expert_gate"], lp["expert_up"]
+            else:
+                lp["w_gate_up"] = jnp.concatenate([lp.pop("w_gate"), lp.pop("w_up")], axis=1)
+                lp["w_down_DF"] = lp.pop("w_down").T
         # Every use casts to the compute dtype anyway; casting the copy once means a decode
         # step streams bf16, not float32 master weights (accelerator presets).
         out.append({k: v.astype(cfg.jnp_dtype) for k, v in lp.items()})
@@ -322,8 +345,12 @@ def logits_from_hidden(cfg: ModelConfig, params: Params, h_BTD) -> jax.Array:
 # ----------------------------------------------------------------------------- full sequences
 
 def hidden_states(cfg: ModelConfig, params: Params, tokens_BT, valid_BT=None, *,
-                  remat: bool = False) -> jax.Array:
-    """Residual stream before the final norm, [B, T, D]. Used by the LM head and value heads."""
+                  remat: bool = False, return_router_logits: bool = False) -> jax.Array:
+    """Residual stream before the final norm, [B, T, D]. Used by the LM head and value heads.
+
+    return_router_logits (MoE only): return (h_BTD, router_logits_LBTE float32), the inputs of
+    the load-balancing loss (moe.load_balancing_loss)."""
+    _check_router(cfg, return_router_logits)
     B, T = tokens_BT.shape
     if valid_BT is None:
         valid_BT = jnp.ones((B, T), bool)
@@ -335,18 +362,29 @@ def hidden_states(cfg: ModelConfig, params: Params, tokens_BT, valid_BT=None, *,
         return _attention(q, k, v, mask_BTS)
 
     def block(x, lp):
-        return _layer(cfg, lp, x, rope_BT, attend)
+        return _layer(cfg, lp, x, rope_BT, attend, with_router=return_router_logits)
 
     if remat:
         block = jax.checkpoint(block)
     x_BTD = embed(cfg, params, tokens_BT)
+    router_L = []
     for i in range(cfg.num_layers):
         x_BTD = block(x_BTD, _layer_params(params, i))
-    return x_BTD
+        if return_router_logits:
+            x_BTD, logits_BTE = x_BTD
+            router_L.append(logits_BTE)
+    return (x_BTD, jnp.stack(router_L)) if return_router_logits else x_BTD
+
+
+def _check_router(cfg, return_router_logits):
+    if return_router_logits and not cfg.num_experts:
+        raise ValueError("return_router_logits needs a mixture-of-experts model "
+                         f"(ModelConfig.num_experts > 0); this one is dense (arch={cfg.arch!r}).")
 
 
 def response_hidden_states(cfg: ModelConfig, params: Params, tokens_BT, valid_BT, *,
-                           prompt_len: int, group: int, remat: bool = False) -> jax.Array:
+                           prompt_len: int, group: int, remat: bool = False,
+                           return_router_logits: bool = False) -> jax.Array:
     """`hidden_states` at positions prompt_len - 1 .. T - 2, [B, R, D] with R = T - prompt_len:
     the positions whose logits score the response tokens prompt_len .. T - 1.
 
@@ -357,7 +395,11 @@ def response_hidden_states(cfg: ModelConfig, params: Params, tokens_BT, valid_BT
     to the group's prompt keys/values broadcast over its rows (as decoding from a shared
     KV cache does). Same math as `hidden_states` on the full rows; the prompt's gradients sum
     over the group through the broadcast. Callers must guarantee the shared prefix.
+
+    return_router_logits (MoE only): also return the router logits [L, B, T, E] of the full
+    rows (the prompt's broadcast over its group), equal to `hidden_states`'s.
     """
+    _check_router(cfg, return_router_logits)
     B, T = tokens_BT.shape
     G, Tp = int(group), int(prompt_len)
     if B % G or not 0 < Tp < T:
@@ -386,16 +428,23 @@ def response_hidden_states(cfg: ModelConfig, params: Params, tokens_BT, valid_BT
         qr, kr, vr = _qkv(cfg, lp, rms_norm(x_BRD, lp["attn_norm"], cfg.rms_norm_eps), rope_BR)
         k_BSKH = jnp.concatenate([per_row(kp), kr], axis=1)
         v_BSKH = jnp.concatenate([per_row(vp), vr], axis=1)
-        return (_layer_rest(cfg, lp, x_PTD, _attention(qp, kp, vp, mask_PTT)),
-                _layer_rest(cfg, lp, x_BRD, _attention(qr, k_BSKH, v_BSKH, mask_BRS)))
+        kw = dict(with_router=return_router_logits)
+        return (_layer_rest(cfg, lp, x_PTD, _attention(qp, kp, vp, mask_PTT), **kw),
+                _layer_rest(cfg, lp, x_BRD, _attention(qr, k_BSKH, v_BSKH, mask_BRS), **kw))
 
     if remat:
         block = jax.checkpoint(block)
     xs = (embed(cfg, params, first_of_group(tokens_BT)), embed(cfg, params, tokens_BT[:, Tp:]))
+    router_L = []
     for i in range(cfg.num_layers):
         xs = block(xs, _layer_params(params, i))
+        if return_router_logits:
+            (x_PTD, lp_PTE), (x_BRD, lr_BRE) = xs
+            xs = (x_PTD, x_BRD)
+            router_L.append(jnp.concatenate([per_row(lp_PTE), lr_BRE], axis=1))
     x_PTD, x_BRD = xs
-    return jnp.concatenate([per_row(x_PTD[:, -1:]), x_BRD[:, :-1]], axis=1)
+    h_BRD = jnp.concatenate([per_row(x_PTD[:, -1:]), x_BRD[:, :-1]], axis=1)
+    return (h_BRD, jnp.stack(router_L)) if return_router_logits else h_BRD
 
 
 def forward(cfg: ModelConfig, params: Params, tokens_BT, valid_BT=None, *,
@@ -407,6 +456,19 @@ def forward(cfg: ModelConfig, params: Params, tokens_BT, valid_BT=None, *,
     """
     return logits_from_hidden(cfg, params, hidden_states(cfg, params, tokens_BT, valid_BT,
                                                          remat=remat))
+
+
+def forward_with_aux(cfg: ModelConfig, params: Params, tokens_BT, valid_BT=None, *,
+                     remat: bool = False) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """`forward` plus auxiliaries of a mixture-of-experts model: (logits_BTV, aux) with
+    aux["router_logits_LBTE"] (float32) and aux["router_aux_loss"], the load-balancing loss
+    over the valid tokens (moe.load_balancing_loss; HF's output_router_logits=True)."""
+    h_BTD, router_LBTE = hidden_states(cfg, params, tokens_BT, valid_BT, remat=remat,
+                                       return_router_logits=True)
+    aux = {"router_logits_LBTE": router_LBTE,
+           "router_aux_loss": moe.load_balancing_loss(router_LBTE, cfg.num_experts_per_tok,
+                                                      valid_BT)}
+    return logits_from_hidden(cfg, params, h_BTD), aux
 
 
 # ----------------------------------------------------------------------------- KV cache

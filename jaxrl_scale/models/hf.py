@@ -4,10 +4,17 @@ Supported families (decoder-only, SwiGLU, RMSNorm, full causal attention):
   qwen2  (Qwen2ForCausalLM): q/k/v bias, no o bias.
   qwen3  (Qwen3ForCausalLM): per-head q/k RMSNorm, explicit head_dim, optional attention_bias.
   llama  (LlamaForCausalLM): optional attention_bias (q/k/v/o), RoPE plain or "llama3" scaling.
+  qwen3_moe (Qwen3MoeForCausalLM): Qwen3 attention, every layer a top-k mixture of experts
+         (decoder_sparse_step=1, no mlp_only_layers: Qwen3-30B-A3B's layout).
 
 HF stores torch Linear weights as [out, in]; our layout (decoder.py) stores [in, ...out]:
   wq [D, N, H] = q_proj.weight.T.reshape(D, N, H);  wo [N, H, D] = o_proj.weight.T.reshape(N, H, D)
   w_gate/w_up [D, F] = weight.T;  w_down [F, D] = down_proj.weight.T;  lm_head [D, V] = weight.T
+  MoE: router [D, E] = mlp.gate.weight.T; expert_gate[e] / expert_up[e] [D, F] =
+  mlp.experts.{e}.gate_proj / up_proj .weight.T; expert_down[e] [F, D] = down_proj.weight.T.
+  That per-expert layout is what transformers 5.x writes to disk (it fuses the experts into
+  3-D gate_up_proj [E, 2F, D] / down_proj [E, D, F] parameters only in memory); load_hf also
+  reads checkpoints stored in that fused layout. save_hf writes the per-expert one.
 
 Every check (architecture, tensor names, shapes) runs on config.json and the safetensors
 headers before any tensor data is read.
@@ -29,7 +36,7 @@ from jaxrl_scale.models.decoder import Params, param_shapes
 __all__ = ["load_hf", "save_hf", "config_from_hf", "config_to_hf"]
 
 _ARCH_OF_CLASS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-                  "Qwen3ForCausalLM": "qwen3"}
+                  "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe"}
 _CLASS_OF_ARCH = {v: k for k, v in _ARCH_OF_CLASS.items()}
 _SUPPORTED = tuple(sorted(_CLASS_OF_ARCH))
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -131,9 +138,12 @@ def config_from_hf(hf_config: dict | Any, *, dtype: Any = None,
         attention_bias, o_bias, qk_norm = True, False, False
     else:
         attention_bias = o_bias = bool(d.get("attention_bias", False))
-        qk_norm = arch == "qwen3"
+        qk_norm = arch in ("qwen3", "qwen3_moe")
+    moe_kw = {}
+    if arch == "qwen3_moe":
+        moe_kw = _moe_from_hf(d)
     dt = jnp.dtype(dtype).name if dtype is not None else "float32"
-    default_len = {"llama": 2048, "qwen2": 32768, "qwen3": 32768}[arch]
+    default_len = {"llama": 2048, "qwen2": 32768, "qwen3": 32768, "qwen3_moe": 32768}[arch]
     return ModelConfig(
         vocab_size=int(d["vocab_size"]), hidden_size=hidden,
         num_layers=int(d["num_hidden_layers"]), num_heads=heads,
@@ -143,11 +153,40 @@ def config_from_hf(hf_config: dict | Any, *, dtype: Any = None,
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
         attention_bias=attention_bias, o_bias=o_bias, qk_norm=qk_norm,
         max_seq_len=int(d.get("max_position_embeddings") or default_len), arch=arch,
-        param_dtype=dt, dtype=jnp.dtype(compute_dtype).name if compute_dtype is not None else dt)
+        param_dtype=dt, dtype=jnp.dtype(compute_dtype).name if compute_dtype is not None else dt,
+        **moe_kw)
+
+
+def _moe_from_hf(d: dict) -> dict:
+    """ModelConfig MoE fields of a qwen3_moe config.json (transformers 5 writes the expert
+    count as num_local_experts, the released checkpoints as num_experts)."""
+    E = d.get("num_experts", d.get("num_local_experts"))
+    missing = [k for k, v in (("num_experts", E), ("num_experts_per_tok", d.get(
+        "num_experts_per_tok")), ("moe_intermediate_size", d.get("moe_intermediate_size")))
+               if v is None]
+    if missing:
+        raise ValueError(f"config.json (model_type 'qwen3_moe') is missing {missing}.")
+    step = int(d.get("decoder_sparse_step", 1) or 1)
+    dense_layers = list(d.get("mlp_only_layers") or [])
+    if step != 1 or dense_layers:
+        raise ValueError(f"config.json decoder_sparse_step={step}, mlp_only_layers={dense_layers} "
+                         "is not supported; only every layer sparse (decoder_sparse_step=1, "
+                         "mlp_only_layers=[]), as in Qwen3-30B-A3B.")
+    if int(E) <= 0:
+        raise ValueError(f"config.json num_experts={E}: model_type 'qwen3_moe' needs experts.")
+    return dict(num_experts=int(E), num_experts_per_tok=int(d["num_experts_per_tok"]),
+                moe_intermediate_size=int(d["moe_intermediate_size"]),
+                norm_topk_prob=bool(d.get("norm_topk_prob", False)),
+                router_aux_loss_coef=float(d.get("router_aux_loss_coef", 0.001)))
 
 
 def _hf_arch(cfg: ModelConfig) -> str:
     """The HF family that represents cfg's flags exactly (arch is only a hint)."""
+    if cfg.num_experts:
+        if not cfg.qk_norm or cfg.attention_bias != cfg.o_bias:
+            raise ValueError("a mixture-of-experts model is saved as HF qwen3_moe, which needs "
+                             "qk_norm=True and attention_bias == o_bias.")
+        return "qwen3_moe"
     if cfg.qk_norm:
         if cfg.attention_bias != cfg.o_bias:
             raise ValueError("Qwen3 (qk_norm) needs attention_bias == o_bias to be saved for HF.")
@@ -192,6 +231,13 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     elif arch == "qwen3":
         d.update(attention_bias=cfg.attention_bias, use_sliding_window=False,
                  sliding_window=None, max_window_layers=cfg.num_layers)
+    elif arch == "qwen3_moe":
+        d.update(attention_bias=cfg.attention_bias, use_sliding_window=False,
+                 sliding_window=None, max_window_layers=cfg.num_layers,
+                 num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
+                 moe_intermediate_size=cfg.moe_intermediate_size,
+                 norm_topk_prob=cfg.norm_topk_prob, decoder_sparse_step=1, mlp_only_layers=[],
+                 router_aux_loss_coef=cfg.router_aux_loss_coef, output_router_logits=False)
     else:
         d.update(attention_bias=cfg.attention_bias, mlp_bias=False)
     return d
@@ -203,9 +249,11 @@ def _ident(a):
     return a
 
 
-def _spec(cfg: ModelConfig) -> list[tuple[tuple[str, ...], str | Callable[[int], str],
-                                           tuple[int, ...], Callable, Callable]]:
-    """(our path, HF name or name(layer), HF shape, hf->ours, ours->hf) for every tensor."""
+def _spec(cfg: ModelConfig, fused_experts: bool = False
+          ) -> list[tuple[tuple[str, ...], str, tuple[int, ...], Callable, Callable]]:
+    """(our path, HF name, HF shape, hf->ours, ours->hf) for every tensor. A name with one
+    "{}" is one tensor per layer, with two ("{}" layer, "{}" expert) one per layer and expert.
+    fused_experts: the experts as transformers 5's in-memory 3-D tensors (load only)."""
     D, V, F = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
     N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
@@ -229,10 +277,33 @@ def _spec(cfg: ModelConfig) -> list[tuple[tuple[str, ...], str | Callable[[int],
         ("wv", att + "v_proj.weight", (K * H, D), lin_in(K, H)),
         ("wo", att + "o_proj.weight", (D, N * H), lin_out(N, H)),
         ("mlp_norm", "model.layers.{}.post_attention_layernorm.weight", (D,), (_ident, _ident)),
-        ("w_gate", mlp + "gate_proj.weight", (F, D), (np.transpose, np.transpose)),
-        ("w_up", mlp + "up_proj.weight", (F, D), (np.transpose, np.transpose)),
-        ("w_down", mlp + "down_proj.weight", (D, F), (np.transpose, np.transpose)),
     ]
+    if not cfg.num_experts:
+        layer += [
+            ("w_gate", mlp + "gate_proj.weight", (F, D), (np.transpose, np.transpose)),
+            ("w_up", mlp + "up_proj.weight", (F, D), (np.transpose, np.transpose)),
+            ("w_down", mlp + "down_proj.weight", (D, F), (np.transpose, np.transpose)),
+        ]
+    elif fused_experts:
+        E, Fe = cfg.num_experts, cfg.moe_intermediate_size
+        swap = (lambda a: np.swapaxes(a, -1, -2))
+        layer += [
+            ("router", mlp + "gate.weight", (E, D), (np.transpose, np.transpose)),
+            ("expert_gate", mlp + "experts.gate_up_proj", (E, 2 * Fe, D),
+             (lambda a: swap(a[:, :Fe]), None)),
+            ("expert_up", mlp + "experts.gate_up_proj", (E, 2 * Fe, D),
+             (lambda a: swap(a[:, Fe:]), None)),
+            ("expert_down", mlp + "experts.down_proj", (E, D, Fe), (swap, None)),
+        ]
+    else:
+        E, Fe = cfg.num_experts, cfg.moe_intermediate_size
+        ex = mlp + "experts.{}."
+        layer += [
+            ("router", mlp + "gate.weight", (E, D), (np.transpose, np.transpose)),
+            ("expert_gate", ex + "gate_proj.weight", (Fe, D), (np.transpose, np.transpose)),
+            ("expert_up", ex + "up_proj.weight", (Fe, D), (np.transpose, np.transpose)),
+            ("expert_down", ex + "down_proj.weight", (D, Fe), (np.transpose, np.transpose)),
+        ]
     if cfg.attention_bias:
         layer += [("bq", att + "q_proj.bias", (N * H,), vec(N, H)),
                   ("bk", att + "k_proj.bias", (K * H,), vec(K, H)),
@@ -250,8 +321,16 @@ def _spec(cfg: ModelConfig) -> list[tuple[tuple[str, ...], str | Callable[[int],
     return spec
 
 
+def _indices(cfg, name) -> list[tuple[int, ...]]:
+    """The format arguments of `name`: (), (layer,) or (layer, expert)."""
+    n = name.count("{}")
+    if n == 2:
+        return [(i, e) for i in range(cfg.num_layers) for e in range(cfg.num_experts)]
+    return [(i,) for i in range(cfg.num_layers)] if n == 1 else [()]
+
+
 def _names(cfg, name):
-    return [name.format(i) for i in range(cfg.num_layers)] if "{}" in name else [name]
+    return [name.format(*ix) for ix in _indices(cfg, name)]
 
 
 # ----------------------------------------------------------------------------- load
@@ -322,7 +401,8 @@ def load_hf(path, *, dtype: Any = None, compute_dtype: Any = None
     cfg = config_from_hf(_read_config_json(path), dtype=dtype, compute_dtype=compute_dtype)
     weight_map = _weight_map(path)
     shapes = _header_shapes(weight_map)
-    spec = _spec(cfg)
+    fused = cfg.num_experts > 0 and "model.layers.0.mlp.experts.down_proj" in shapes
+    spec = _spec(cfg, fused_experts=fused)
 
     expected = set()
     for _, name, shape, _, _ in spec:
@@ -358,10 +438,10 @@ def load_hf(path, *, dtype: Any = None, compute_dtype: Any = None
     try:
         for key, name, _, to_ours, _ in spec:
             target = ours[key[0]] if len(key) == 1 else ours["layers"][key[1]]
-            if "{}" in name:  # stacked over layers, filled one layer at a time
+            if "{}" in name:  # stacked over layers (and experts), filled one at a time
                 out = np.empty(target, np_dt)
-                for i in range(cfg.num_layers):
-                    out[i] = to_ours(get(name.format(i))).astype(np_dt, copy=False)
+                for ix in _indices(cfg, name):
+                    out[ix] = to_ours(get(name.format(*ix))).astype(np_dt, copy=False)
             else:
                 out = np.ascontiguousarray(to_ours(get(name)).astype(np_dt, copy=False))
             assert out.shape == tuple(target), (key, out.shape, target)
@@ -387,9 +467,9 @@ def _hf_tensors(cfg: ModelConfig, params: Params) -> Iterator[tuple[str, tuple, 
     for key, name, shape, _, to_hf in _spec(cfg):
         arr = params[key[0]] if len(key) == 1 else params["layers"][key[1]]
         if "{}" in name:
-            for i in range(cfg.num_layers):
-                yield (name.format(i), shape,
-                       lambda arr=arr, i=i, to_hf=to_hf: to_hf(np.asarray(arr[i])))
+            for ix in _indices(cfg, name):
+                yield (name.format(*ix), shape,
+                       lambda arr=arr, ix=ix, to_hf=to_hf: to_hf(np.asarray(arr[ix])))
         else:
             yield name, shape, lambda arr=arr, to_hf=to_hf: to_hf(np.asarray(arr))
 

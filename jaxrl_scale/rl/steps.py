@@ -37,7 +37,9 @@ import optax
 from jaxrl_scale import optim
 from jaxrl_scale import sharding as shd
 from jaxrl_scale.models.config import ModelConfig
-from jaxrl_scale.models.decoder import forward, logits_from_hidden, response_hidden_states
+from jaxrl_scale.models import moe
+from jaxrl_scale.models.decoder import (
+    forward, hidden_states, logits_from_hidden, response_hidden_states)
 from jaxrl_scale.rl import losses
 from jaxrl_scale.rl.batch import RolloutBatch
 from jaxrl_scale.rl.state import TrainState, state_shardings
@@ -68,6 +70,9 @@ class LossConfig:
     kl_coef: float = 0.0           # KL to a frozen reference; needs batch.ref_logp_BT
     kl_kind: str = "k3"
     entropy_coef: float = 0.0      # entropy bonus: loss -= coef * aggregate(entropy)
+    # Mixture-of-experts models only: loss += coef * router load-balancing loss
+    # (models/moe.load_balancing_loss over the valid tokens; HF's router_aux_loss_coef).
+    router_aux_coef: float = 0.0
     # PPO only
     vf_clip: float = 0.2           # 0 disables
     gamma: float = 1.0
@@ -82,6 +87,8 @@ class LossConfig:
                              f"{losses.ADVANTAGE_ESTIMATORS}")
         if self.kl_kind not in losses.KL_KINDS:
             raise ValueError(f"LossConfig.kl_kind={self.kl_kind!r}; valid: {losses.KL_KINDS}")
+        if self.router_aux_coef < 0:
+            raise ValueError(f"LossConfig.router_aux_coef={self.router_aux_coef} must be >= 0")
 
 
 # ----------------------------------------------------------------------------- normalisers
@@ -254,8 +261,10 @@ def _grpo_advantages_BS(batch: RolloutBatch, group_size: int, estimator: str) ->
 
 
 def _policy_logits(cfg, params, mb, remat, shared_prompt_len, group_size):
-    """(logits_BSV, action_tokens_BS, frame): logits of the actions the loss can see and the
-    slice `frame` that cuts every [B, S] field to the same columns.
+    """(logits_BSV, action_tokens_BS, frame, router_aux): logits of the actions the loss can
+    see, the slice `frame` that cuts every [B, S] field to the same columns, and for a
+    mixture-of-experts model the router load-balancing loss over the rows' valid tokens
+    (None for a dense one).
 
     shared_prompt_len = Tp > 0: rows in groups of group_size share their Tp prompt tokens, so
     the prompt runs once per group (decoder.response_hidden_states) and only the R = T - Tp
@@ -264,23 +273,36 @@ def _policy_logits(cfg, params, mb, remat, shared_prompt_len, group_size):
     """
     tokens_BT, valid_BT = mb["tokens_BT"], mb["valid_BT"]
     Tp = int(shared_prompt_len)
+    kw = dict(remat=remat, return_router_logits=cfg.is_moe)
+
+    def with_aux(out):  # (h, router load-balancing loss or None)
+        if not cfg.is_moe:
+            return out, None
+        h, router_LBTE = out
+        return h, moe.load_balancing_loss(router_LBTE, cfg.num_experts_per_tok, valid_BT)
+
     if Tp:
-        h_BRD = response_hidden_states(cfg, params, tokens_BT, valid_BT, prompt_len=Tp,
-                                       group=group_size, remat=remat)
-        return logits_from_hidden(cfg, params, h_BRD), tokens_BT[:, Tp:], lambda x: x[:, Tp - 1:]
-    logits_BTV = forward(cfg, params, tokens_BT, valid_BT, remat=remat)
-    return logits_BTV[:, :-1], tokens_BT[:, 1:], lambda x: x
+        h_BRD, aux = with_aux(response_hidden_states(cfg, params, tokens_BT, valid_BT,
+                                                     prompt_len=Tp, group=group_size, **kw))
+        return (logits_from_hidden(cfg, params, h_BRD), tokens_BT[:, Tp:],
+                lambda x: x[:, Tp - 1:], aux)
+    h_BTD, aux = with_aux(hidden_states(cfg, params, tokens_BT, valid_BT, **kw))
+    return logits_from_hidden(cfg, params, h_BTD)[:, :-1], tokens_BT[:, 1:], lambda x: x, aux
 
 
 def _actor_loss_fn(cfg: ModelConfig, loss_cfg: LossConfig, remat: bool, global_denom: Array,
                    shared_prompt_len: int = 0, group_size: int = 1):
     lc = loss_cfg
     clip = dict(clip_low=lc.clip_low, clip_high=lc.clip_high, dual_clip=lc.dual_clip or None)
+    if lc.router_aux_coef and not cfg.is_moe:
+        raise ValueError(f"LossConfig.router_aux_coef={lc.router_aux_coef} needs a "
+                         f"mixture-of-experts model (ModelConfig.num_experts > 0); "
+                         f"arch={cfg.arch!r} is dense")
 
     def loss_fn(params, mb):
         _, local_denom = _norm_parts(mb["mask_BS"], lc.agg)  # of the full frame (Dr.GRPO's T)
-        logits_BSV, actions_BS, frame = _policy_logits(cfg, params, mb, remat,
-                                                       shared_prompt_len, group_size)
+        logits_BSV, actions_BS, frame, router_aux = _policy_logits(
+            cfg, params, mb, remat, shared_prompt_len, group_size)
         mb = {k: frame(v) if k.endswith("_BS") else v for k, v in mb.items()}
         logp_BS = losses.token_logprobs(logits_BSV, actions_BS, lc.temperature)
         mask_BS, w_BS = mb["mask_BS"], mb["w_BS"]
@@ -311,6 +333,14 @@ def _actor_loss_fn(cfg: ModelConfig, loss_cfg: LossConfig, remat: bool, global_d
             if lc.kl_coef:
                 loss = loss + lc.kl_coef * jnp.sum(kl_BS * w_BS)
             token_sums["kl"] = jnp.sum(sg(kl_BS) * mask_BS)
+        if router_aux is not None:
+            # Not a sum over tokens: each micro-batch's loss counts with its share of the
+            # batch's valid tokens (aux_share_B), so M = 1 gives exactly the batch's aux loss
+            # and M > 1 the token-weighted mean of the micro-batches'.
+            router_aux = router_aux * jnp.sum(mb["aux_share_B"])
+            if lc.router_aux_coef:
+                loss = loss + lc.router_aux_coef * router_aux
+            additive["router_aux_loss"] = sg(router_aux)
         additive["loss"] = sg(loss)
         scale = global_denom / local_denom
         return loss, (additive, token_sums, scale)
@@ -333,6 +363,9 @@ def _policy_grads(params: Any, data: dict[str, Array], *, cfg: ModelConfig,
     """Gradients (float32) and metrics of the policy loss over one update batch (action frame)."""
     row_scale_B, denom = _norm_parts(data["mask_BS"], loss_cfg.agg)
     data = dict(data, w_BS=data["mask_BS"] * row_scale_B[:, None] / denom)
+    if cfg.is_moe:  # each row's share of the valid tokens, for the router aux loss
+        n_B = jnp.sum(_f32(data["valid_BT"]), axis=1)
+        data["aux_share_B"] = n_B / jnp.maximum(jnp.sum(n_B), 1.0)
     loss_fn = _actor_loss_fn(cfg, loss_cfg, remat, denom, shared_prompt_len, group_size)
     grads, _, additive, token_sums, sq_M = accumulate_grads(loss_fn, params, data, micro_batches,
                                                             group_size)

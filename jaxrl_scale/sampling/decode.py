@@ -45,7 +45,7 @@ from jaxrl_scale.models.decoder import (
 from jaxrl_scale.sampling.rules import SamplingConfig, validate_sampling
 
 MIN_PROMPT_BUCKET = 8
-DATA_AXES = ("data", "fsdp")  # mesh axes the batch rows are split over, when present
+DATA_AXES = ("data", "fsdp", "expert")  # mesh axes the batch rows are split over, when present
 
 
 @flax.struct.dataclass
