@@ -22,6 +22,7 @@ TRAIN_ROWS = [
     ("--lr_rule=cubic", "lr_rule"), ("--clip_low=-0.1", "clip_low"),
     ("--clip_high=-1", "clip_high"), ("--vf_clip=-1", "vf_clip"), ("--kl_coef=-0.05", "kl_coef"),
     ("--gamma=1.5", "gamma"), ("--lam=-1", "lam"), ("--eval_every=0", "eval_every"),
+    ("--router_aux_coef=-1", "router_aux_coef"), ("--router_aux_coef=0.01", "router_aux_coef"),
     ("--checkpoint_every=0", "checkpoint_every"), ("--micro_batches=3", "micro_batches"),
     ("--max_new_tokens=0", "max_new_tokens"), ("--dual_clip=0.5", "dual_clip"),
     ("--gen_batch_ratio=0", "gen_batch_ratio"), ("--max_staleness=-2", "max_staleness"),

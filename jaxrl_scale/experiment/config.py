@@ -239,7 +239,8 @@ RANGES: dict[str, tuple[float, float, bool]] = {
     **{k: (0, _INF, False) for k in (
         "max_responses", "num_train_examples", "num_test_examples", "max_prompt_len", "seed",
         "warmup_steps", "top_k", "max_grad_norm", "clip_high", "vf_clip", "kl_coef",
-        "entropy_coef", "target_margin", "temperature", "dual_clip", "reward_timeout_s")},
+        "entropy_coef", "router_aux_coef", "target_margin", "temperature", "dual_clip",
+        "reward_timeout_s")},
     **{k: (0, _INF, True) for k in ("base_lr", "critic_base_lr", "eps")},
     **{k: (0, 1, False) for k in ("clip_low", "gamma", "lam", "target")},
     **{k: (0, 1, True) for k in ("top_p",)},
@@ -302,6 +303,10 @@ def _check_paths(cfg: TrainConfig) -> None:
         if cfg.model not in PRESETS:
             raise _err("model", f"preset {cfg.model!r} is unknown",
                        f"use one of {', '.join(sorted(PRESETS))}, or --hf_checkpoint=DIR")
+        if cfg.loss.router_aux_coef and not PRESETS[cfg.model].is_moe:
+            raise _err("router_aux_coef", f"{cfg.loss.router_aux_coef} needs a mixture-of-"
+                       f"experts model; preset {cfg.model!r} is dense",
+                       "use --router_aux_coef=0, or an MoE preset such as --model=moe_cpu")
 
 
 def _check_wandb(cfg: TrainConfig) -> None:
