@@ -472,7 +472,5 @@ def check_resume(cfg: TrainConfig, ignore=()) -> None:
 
 def write_config(run_dir: str, cfg: TrainConfig) -> None:
     os.makedirs(run_dir, exist_ok=True)
-    tmp = os.path.join(run_dir, "config.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(cfg.to_json(), f, indent=2, sort_keys=True)
-    os.replace(tmp, os.path.join(run_dir, "config.json"))
+    from jaxrl_scale.experiment.common import write_json
+    write_json(os.path.join(run_dir, "config.json"), cfg.to_json(), indent=2, sort_keys=True)

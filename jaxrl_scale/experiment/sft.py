@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from jaxrl_scale import checkpoint
 from jaxrl_scale.experiment.batching import pack_texts
-from jaxrl_scale.experiment.common import load_splits, prompt_length
+from jaxrl_scale.experiment.common import load_splits, prompt_length, write_json
 from jaxrl_scale.experiment.config import DEFAULT_TASK_KWARGS
 from jaxrl_scale.models import get_config, init_params, forward
 from jaxrl_scale.rl.losses import token_logprobs
@@ -148,7 +148,5 @@ def sft_warmstart(cfg: SFTConfig, *, progress: bool = True, force: bool = False)
     # params without info.json are an unfinished (or forced-over) entry: replace them
     shutil.rmtree(os.path.join(out_dir, "params"), ignore_errors=True)
     checkpoint.save_pytree(os.path.join(out_dir, "params"), params, {"accuracy": acc})
-    with open(info_path + ".tmp", "w") as f:
-        json.dump(info, f, indent=2)
-    os.replace(info_path + ".tmp", info_path)  # info.json last: marks the cache entry complete
+    write_json(info_path, info, indent=2)  # info.json last: marks the cache entry complete
     return os.path.join(out_dir, "params"), info

@@ -30,6 +30,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxrl_scale import sharding as shd
+from jaxrl_scale.experiment.common import write_json
 from jaxrl_scale.experiment.config import (ALGOS, ConfigError, TrainConfig, check_mesh,
                                            check_resume, validate)
 from jaxrl_scale.experiment.train import is_finished, run_training
@@ -392,27 +393,20 @@ def _prepare(sweep: SweepConfig) -> str:
     return os.path.join(sweep.sweep_dir, EVAL0_DIR)
 
 
-def _write_json(path: str, obj: Any) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"   # job-array tasks may write the same file at once
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(tmp, path)
-
-
 def _tuned_plan(sweep: SweepConfig, base: TrainConfig, tune: list[TrainConfig]
                 ) -> tuple[dict[str, Any], list[TrainConfig]]:
     """The lr chosen from the finished tuning runs (recorded in lr_tune.json) and the study's
     runs with it (recorded in sweep.json)."""
     lrs = choose_lrs(sweep, tune)
     if tune:
-        _write_json(os.path.join(sweep.sweep_dir, TUNE_FILE), {
+        write_json(os.path.join(sweep.sweep_dir, TUNE_FILE), {
             "reference_batch": {a: _reference_batch(sweep, a) for a in sweep.algos},
-            "tuned": lrs, "runs": [c.run_dir for c in tune]})
+            "tuned": lrs, "runs": [c.run_dir for c in tune]}, indent=2)
     base_lrs = {a: v["lr"] for a, v in lrs.items()}
     runs = plan(sweep, base, base_lrs)
-    _write_json(os.path.join(sweep.sweep_dir, "sweep.json"), {
+    write_json(os.path.join(sweep.sweep_dir, "sweep.json"), {
         "sweep": dataclasses.asdict(sweep), "base": base.to_json(), "base_lrs": base_lrs,
-        "runs": [os.path.basename(c.run_dir) for c in runs]})
+        "runs": [os.path.basename(c.run_dir) for c in runs]}, indent=2)
     return lrs, runs
 
 

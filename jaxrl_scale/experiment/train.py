@@ -34,7 +34,7 @@ from jaxrl_scale import optim
 from jaxrl_scale import sharding as shd
 from jaxrl_scale.checkpoint import Checkpointer, load_pytree
 from jaxrl_scale.experiment.batching import decode_responses
-from jaxrl_scale.experiment.common import load_splits, prompt_length
+from jaxrl_scale.experiment.common import load_splits, prompt_length, write_json
 from jaxrl_scale.experiment.config import (TrainConfig, check_resume, validate,
                                            validate_for_devices, write_config)
 from jaxrl_scale.experiment.metrics import MetricsLog
@@ -383,10 +383,7 @@ def initial_eval(run: "Run", cache_dir: str | None = None) -> dict[str, Any]:
             return json.load(f)["eval"]
     ev = run.evaluate(0)
     os.makedirs(cache_dir, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"   # runs in other processes may finish the same eval
-    with open(tmp, "w") as f:
-        json.dump({"key": key, "eval": ev}, f, default=str)
-    os.replace(tmp, path)
+    write_json(path, {"key": key, "eval": ev}, default=str)
     return ev
 
 
