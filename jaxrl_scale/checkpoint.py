@@ -25,6 +25,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from jaxrl_scale import distributed as dist
+
 _TMP_SUFFIX = ".orbax-checkpoint-tmp"
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 # How tensorstore (orbax's array writer) words the same errors: it raises ValueError, no errno.
@@ -173,16 +175,19 @@ class Checkpointer:
         return os.path.join(self.directory, str(step))
 
     def _quarantine(self, steps: list[int]) -> None:
-        """Move unreadable steps out of orbax's sight (kept for inspection, not deleted)."""
-        dest_root = self.directory + ".corrupt"
-        os.makedirs(dest_root, exist_ok=True)
-        for s in steps:
-            dest, n = os.path.join(dest_root, str(s)), 1
-            while os.path.exists(dest):
-                dest, n = os.path.join(dest_root, f"{s}-{n}"), n + 1
-            shutil.move(self._step_dir(s), dest)
-            warnings.warn(f"Moved unreadable checkpoint step {s} to {dest}.", RuntimeWarning,
-                          stacklevel=3)
+        """Move unreadable steps out of orbax's sight (kept for inspection, not deleted).
+        In a multi-process run every process found them unreadable; process 0 moves them."""
+        if dist.is_primary():
+            dest_root = self.directory + ".corrupt"
+            os.makedirs(dest_root, exist_ok=True)
+            for s in steps:
+                dest, n = os.path.join(dest_root, str(s)), 1
+                while os.path.exists(dest):
+                    dest, n = os.path.join(dest_root, f"{s}-{n}"), n + 1
+                shutil.move(self._step_dir(s), dest)
+                warnings.warn(f"Moved unreadable checkpoint step {s} to {dest}.",
+                              RuntimeWarning, stacklevel=3)
+        dist.barrier("checkpoint_quarantine")
         self._mngr.reload()
 
     def close(self) -> None:

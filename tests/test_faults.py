@@ -247,8 +247,12 @@ def _final_state(run_dir):
     import orbax.checkpoint as ocp
     step = _finished_steps(run_dir)[-1]  # not a Checkpointer: it would clean up tmp dirs
     step_dir = os.path.join(run_dir, "checkpoints", str(step))
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])  # whatever devices saved it
     with ocp.StandardCheckpointer() as c:
-        tree = c.restore(os.path.join(step_dir, "state"))
+        path = os.path.join(step_dir, "state")
+        like = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one),
+                            c.metadata(path).item_metadata.tree)
+        tree = c.restore(path, like)
     with open(os.path.join(step_dir, "meta", "metadata")) as f:
         meta = json.load(f)
     flat = {jax.tree_util.keystr(p): np.asarray(x)
@@ -278,9 +282,10 @@ def _assert_like_reference(run_dir, ref):
     assert meta == ref["meta"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def env(tmp_path_factory):
-    """Shared data and compilation cache, then the uninterrupted reference run."""
+    """Shared data and compilation cache, then the uninterrupted reference run (also the
+    one-process reference of tests/test_multihost.py)."""
     root = tmp_path_factory.mktemp("faults")
     data, cache, ref_dir = root / "data", root / "jax_cache", root / "reference"
     res = _child(ref_dir, data, cache)

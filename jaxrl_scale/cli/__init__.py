@@ -15,8 +15,8 @@ def run_main(main, module_name: str) -> None:
     wrapper script, not the module that defined them)."""
     from absl import app, flags
     module = sys.modules[module_name]
-    # flagdefs defines the config flags on behalf of the one command imported in a process
-    for owner in (module_name, "jaxrl_scale.cli.flagdefs"):
+    # flagdefs (and this module) define flags on behalf of the one command imported in a process
+    for owner in (module_name, "jaxrl_scale.cli.flagdefs", __name__):
         for flag in flags.FLAGS.get_flags_for_module(owner):
             flags.FLAGS.register_flag_by_module(sys.argv[0], flag)
     main_mod = sys.modules.get("__main__")
@@ -61,3 +61,61 @@ def print_summary(summary: dict) -> None:
     for name, err in summary.get("errors", {}).items():
         print(f"run {name} failed: {err}", file=sys.stderr)
     print(f"\nwrote {summary['summary_path']} and {summary['report_path']}")
+
+
+def define_distributed_flags() -> None:
+    """--coordinator_address, --num_processes, --process_id, --distributed_auto: how the
+    processes of one multi-process run find each other (launch settings, not part of the
+    run's config: a run may resume with another process count)."""
+    from absl import flags
+    flags.DEFINE_string("coordinator_address", "",
+                        "Multi-process run: host:port of process 0's coordinator (every process "
+                        "passes the same address).")
+    flags.DEFINE_integer("num_processes", 1, "Multi-process run: how many processes (one per "
+                         "host); 1 is a single-process run.")
+    flags.DEFINE_integer("process_id", 0, "Multi-process run: this process's index, 0 .. "
+                         "num_processes - 1.")
+    flags.DEFINE_bool("distributed_auto", False,
+                      "Multi-process run: jax.distributed.initialize() reads the cluster's "
+                      "environment (Cloud TPU pods, SLURM, Open MPI); the flags above override "
+                      "what it detects.")
+
+
+def check_distributed(address: str, num_processes: int, process_id: int, auto: bool) -> None:
+    """ConfigError for settings `jaxrl_scale.distributed.initialize` cannot start from."""
+    from jaxrl_scale.experiment.config import ConfigError
+    if num_processes < 1:
+        raise ConfigError("num_processes", f"must be >= 1, got {num_processes}",
+                          "use 1 for a single process, or the number of processes")
+    if auto:
+        return
+    if num_processes == 1:
+        if address:
+            raise ConfigError("num_processes", f"is 1, but --coordinator_address={address} "
+                              "asks for a multi-process run", "set --num_processes to the "
+                              "number of processes (and --process_id on each)")
+        if process_id:
+            raise ConfigError("process_id", f"{process_id} in a single-process run",
+                              "set --num_processes too, or drop --process_id")
+        return
+    host, _, port = address.rpartition(":")
+    if not (host and port.isdigit() and 0 < int(port) < 65536):
+        raise ConfigError("coordinator_address", f"{address!r} is not host:port",
+                          "pass process 0's address and a free port, e.g. "
+                          "--coordinator_address=10.0.0.1:1234 (or --distributed_auto on "
+                          "TPU pods, SLURM, Open MPI)")
+    if not 0 <= process_id < num_processes:
+        raise ConfigError("process_id", f"{process_id} is outside 0 .. {num_processes - 1}",
+                          f"give each of the {num_processes} processes its own index in "
+                          f"0 .. {num_processes - 1}")
+
+
+def init_distributed() -> None:
+    """Check the distributed flags (one line on bad input) and join the run's processes;
+    before anything touches a device."""
+    from absl import flags
+    from jaxrl_scale import distributed
+    F = flags.FLAGS
+    check_distributed(F.coordinator_address, F.num_processes, F.process_id, F.distributed_auto)
+    distributed.initialize(F.coordinator_address, F.num_processes, F.process_id,
+                           auto=F.distributed_auto)

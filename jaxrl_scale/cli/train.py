@@ -6,15 +6,23 @@
 
 With the built-in character model and no --init_checkpoint, --warmstart (default on) first
 trains or reuses the cached SFT warm-start (jaxrl-sft) on the same task.
+
+Multi-process (one process per host, one global mesh; jaxrl_scale/distributed.py): start the
+same command on every host with --coordinator_address=HOST0:PORT --num_processes=N
+--process_id=I (or --distributed_auto where jax.distributed finds them itself: TPU pods,
+SLURM, Open MPI), a --run_dir and --data_dir on a filesystem they share.
 """
 from absl import flags
 
-from jaxrl_scale.cli import flagdefs, one_line_errors, quiet_logging, run_main
+from jaxrl_scale.cli import (define_distributed_flags, flagdefs, init_distributed,
+                             one_line_errors, quiet_logging, run_main)
+from jaxrl_scale.distributed import is_primary
 from jaxrl_scale.experiment.config import TrainConfig, check_resume, validate_for_devices
 from jaxrl_scale.experiment.sft import SFTConfig, sft_config_for, sft_path, sft_warmstart
 from jaxrl_scale.experiment.train import run_training
 
 flagdefs.define_from_dataclass(TrainConfig)
+define_distributed_flags()
 flags.DEFINE_bool("warmstart", True, "Start from the cached SFT warm-start (built-in model).")
 flags.DEFINE_float("warmstart_accuracy", SFTConfig.target_accuracy,
                    "Held-out greedy accuracy the warm-start stops at.")
@@ -26,19 +34,21 @@ def main(argv):
     quiet_logging()
     with one_line_errors():    # every bad input, before any data, model or compile
         cfg = flagdefs.build_from_flags(TrainConfig)
+        init_distributed()     # joins the other processes; before anything touches a device
         validate_for_devices(cfg)
         sft = None
         if FLAGS.warmstart and not (cfg.init_checkpoint or cfg.hf_checkpoint):
             sft = sft_config_for(cfg, FLAGS.warmstart_accuracy)
         check_resume(cfg.replace(init_checkpoint=sft_path(sft)) if sft else cfg)
     if sft is not None:
-        path, info = sft_warmstart(sft)
+        path, info = sft_warmstart(sft, progress=is_primary())
         print(f"warm-start: {path} (greedy held-out accuracy {info['accuracy']:.3f})")
         cfg = cfg.replace(init_checkpoint=path)
     with one_line_errors():    # inputs only the data can check (e.g. a too-long prompt)
         out = run_training(cfg)
-    print(f"run {cfg.run_dir}: step {out['step']}, {out['responses']} responses, "
-          f"{out['time_s']:.0f} s, finished={out['finished']}")
+    if is_primary():
+        print(f"run {cfg.run_dir}: step {out['step']}, {out['responses']} responses, "
+              f"{out['time_s']:.0f} s, finished={out['finished']}")
 
 
 def run():

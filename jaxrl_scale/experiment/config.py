@@ -427,10 +427,17 @@ def validate(cfg: TrainConfig, *, data_parallel: int | None = None,
 
 
 def validate_for_devices(cfg: TrainConfig):
-    """`validate` with the mesh over this process's devices (imports JAX, compiles nothing);
-    returns the mesh."""
+    """`validate` with the mesh over the run's devices (every process's, in a multi-process
+    run; imports JAX, compiles nothing); returns the mesh."""
     from jaxrl_scale import sharding as shd
+    import jax
     validate(cfg)
+    if jax.process_count() > 1 and cfg.use_engine:
+        raise _err("gen_batch_ratio" if cfg.partial_rollout else "rollout",
+                   f"the slot engine (asynchronous partial rollout) runs in one process, "
+                   f"and this run has {jax.process_count()}",
+                   "use --gen_batch_ratio=1 --rollout=auto for a multi-process run, or run "
+                   "the partial rollout in one process")
     mesh = check_mesh(cfg)
     validate(cfg, data_parallel=shd.data_parallel_size(mesh))
     return mesh

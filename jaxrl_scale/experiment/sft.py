@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 
 import jax
@@ -21,6 +23,7 @@ import optax
 from tqdm.auto import tqdm
 
 from jaxrl_scale import checkpoint
+from jaxrl_scale import distributed as dist
 from jaxrl_scale.experiment.batching import pack_texts
 from jaxrl_scale.experiment.common import load_splits, prompt_length, write_json
 from jaxrl_scale.experiment.config import DEFAULT_TASK_KWARGS
@@ -52,6 +55,11 @@ class SFTConfig:
         d = dataclasses.asdict(self)
         d.pop("cache_dir")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# sft_warmstart(SFTConfig(**json), force) in a process of its own (multi-process runs)
+_CHILD = ("import json, sys; from jaxrl_scale.experiment.sft import SFTConfig, sft_warmstart; "
+          "sft_warmstart(SFTConfig(**json.loads(sys.argv[1])), force=sys.argv[2] == 'True')")
 
 
 def sft_config_for(cfg, target_accuracy: float = SFTConfig.target_accuracy) -> SFTConfig:
@@ -98,6 +106,14 @@ def sft_warmstart(cfg: SFTConfig, *, progress: bool = True, force: bool = False)
 
     out_dir = os.path.dirname(sft_path(cfg))
     info_path = os.path.join(out_dir, "info.json")
+    if jax.process_count() > 1:
+        # A multi-process run: process 0 trains the entry in a one-process child (its jit and
+        # orbax save must not wait for the other processes), the rest wait, all read it.
+        if dist.is_primary() and (force or not os.path.exists(info_path)):
+            subprocess.run([sys.executable, "-c", _CHILD, json.dumps(dataclasses.asdict(cfg)),
+                            str(bool(force))], check=True)
+        dist.barrier("sft_warmstart")
+        force = False
     if os.path.exists(info_path) and not force:
         with open(info_path) as f:
             return os.path.join(out_dir, "params"), json.load(f)

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from jaxrl_scale import distributed as dist
 from jaxrl_scale import optim
 from jaxrl_scale import sharding as shd
 from jaxrl_scale.checkpoint import Checkpointer, load_pytree
@@ -70,9 +71,10 @@ def optimizer_for(cfg: TrainConfig, base_lr: float, batch: int | None = None,
     return tx, functools.partial(optim.current_lr, hp, warmup_steps=o.warmup_steps)
 
 
-def _model(cfg: TrainConfig, tok):
+def _model(cfg: TrainConfig, tok, mesh):
     """(model config, params or None): None means a random init from cfg.seed, which the
-    caller runs born sharded (`init_train_state`)."""
+    caller runs born sharded (`init_train_state`); an init_checkpoint is restored sharded
+    on `mesh` (each process reads its shards)."""
     if cfg.hf_checkpoint:
         model_cfg, params = load_hf(os.path.expanduser(cfg.hf_checkpoint))
     else:
@@ -82,7 +84,9 @@ def _model(cfg: TrainConfig, tok):
         raise ValueError(f"TrainConfig.tokenizer: vocab of {tok.vocab_size} ids exceeds the "
                          f"model's {model_cfg.vocab_size}. Fix: choose a larger --model.")
     if cfg.init_checkpoint:
-        like = jax.eval_shape(lambda: init_params(model_cfg, 0))
+        shapes = jax.eval_shape(lambda: init_params(model_cfg, 0))
+        like = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                            shapes, shd.tree_shardings(mesh, shapes))
         params, _ = load_pytree(os.path.expanduser(cfg.init_checkpoint), like)
     return model_cfg, params
 
@@ -92,6 +96,8 @@ def _state(mesh, model_cfg, params, tx, seed: int):
     if params is None:
         return init_train_state(lambda: init_params(model_cfg, seed), tx, mesh=mesh,
                                 seed_or_key=seed)
+    # moved first: a multi-process jit takes only arrays already on its mesh
+    params = jax.device_put(params, shd.tree_shardings(mesh, params))
     return init_train_state(lambda p: p, tx, params, mesh=mesh, seed_or_key=seed)
 
 
@@ -104,15 +110,17 @@ class Run:
         self.cfg = cfg
         self.tok = load_tokenizer(cfg.tokenizer)
         from jaxrl_scale.data import PromptStream, reward_for_task, user_reward
-        self.train_src, self.test_src = load_splits(cfg.task, cfg.task_kwargs, cfg.data_dir,
-                                                    cfg.num_train_examples,
-                                                    cfg.num_test_examples)
+        with dist.primary_first("load_splits"):   # process 0 builds the data, then the rest read
+            self.train_src, self.test_src = load_splits(cfg.task, cfg.task_kwargs, cfg.data_dir,
+                                                        cfg.num_train_examples,
+                                                        cfg.num_test_examples)
         # The engine admits one prompt group at a time; the example order is the same.
         self.stream = PromptStream(self.train_src, 1 if cfg.use_engine else cfg.prompts_per_step,
                                    cfg.seed)
         self.reward_fn = user_reward(cfg.reward_fn, timeout_s=cfg.reward_timeout_s or None) \
             if cfg.reward_fn else reward_for_task(cfg.task)
-        self.model_cfg, params = _model(cfg, self.tok)
+        self.reward_failures = 0   # over every process's scoring, so far
+        self.model_cfg, params = _model(cfg, self.tok, self.mesh)
         self.prompt_len = prompt_length(
             self.tok, [("train", self.train_src), ("test", self.test_src)], cfg.max_prompt_len,
             self.model_cfg.max_seq_len, "TrainConfig.max_prompt_len")
@@ -196,7 +204,9 @@ class Run:
         """
         t0 = time.perf_counter()
         step = self.step_fn
-        compiled = step.jitted.lower(*self.states, self._dummy_batch()).compile()
+        shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              self._dummy_batch())
+        compiled = step.jitted.lower(*self.states, shapes).compile()
 
         def run_compiled(*args):
             shd.check_batch_divisible(self.mesh, args[-1])
@@ -211,7 +221,7 @@ class Run:
             warm = [{"prompt": self.train_src[0]["prompt"]}] * cfg.prompts_per_step
             self.sample(warm, cfg.group_size, 0, cfg.sampling.temperature, score=False)
         if self.score_ref is not None:
-            dummy = self._dummy_batch()
+            dummy = jax.device_put(self._dummy_batch(), shd.batch_sharding(self.mesh))
             self.score_ref(self.ref_params, dummy.tokens_BT, dummy.valid_BT)
         return time.perf_counter() - t0
 
@@ -233,7 +243,7 @@ class Run:
                            seed=seed if len(prompts) <= C else
                            jax.random.fold_in(_as_key(seed), i // C))
                   for i in range(0, len(prompts), C)]
-        tokens, logps, lengths = (np.concatenate([np.asarray(getattr(o, f)) for o in chunks])
+        tokens, logps, lengths = (np.concatenate([dist.to_host(getattr(o, f)) for o in chunks])
                                   for f in ("tokens", "logprobs", "lengths"))
         self.last_decode_s = time.perf_counter() - t0  # the jitted decode, transfers included
         if not score:
@@ -241,8 +251,17 @@ class Run:
         return prompts, tokens, logps, lengths, self._rewards(examples, group, tokens, lengths)
 
     def _rewards(self, examples, group: int, tokens_BM, lengths_B) -> np.ndarray:
-        texts = decode_responses(self.tok, tokens_BM, lengths_B)
-        return self.reward_fn.score_batch(texts, [e for e in examples for _ in range(group)])
+        """Rewards of all B rows; each process scores its `dist.host_rows` share."""
+        B = len(lengths_B)
+        rows = dist.host_rows(B)
+        texts = decode_responses(self.tok, tokens_BM[rows], lengths_B[rows])
+        failed = self.reward_fn.failures
+        rewards = self.reward_fn.score_batch(
+            texts, [e for e in examples for _ in range(group)][rows])
+        failed = dist.allgather_rows(np.array([self.reward_fn.failures - failed]),
+                                     jax.process_count())
+        self.reward_failures += int(failed.sum())
+        return dist.allgather_rows(np.asarray(rewards, np.float32), B)
 
     def rollout(self, step: int, seed):
         """(prompts, tokens_BM, logp_BM, lengths_B, rewards_B, rollout fields) of one update:
@@ -279,6 +298,8 @@ class Run:
             check_shared_prompts(batch, self.shared_prompt_len, cfg.group_size)
         if accounting["retained"]:  # an all-filtered batch makes no update (Adam would move)
             t2 = time.perf_counter()
+            # placed explicitly: a multi-process jit takes no numpy for a sharded input
+            batch = jax.device_put(batch, shd.batch_sharding(self.mesh))
             if self.score_ref is not None:
                 batch = batch.replace(ref_logp_BT=self.score_ref(
                     self.ref_params, batch.tokens_BT, batch.valid_BT))
@@ -293,7 +314,7 @@ class Run:
             response_len=float(len_B.mean()), **accounting,
             gen_s=gen_s, decode_s=self.last_decode_s, train_s=time.perf_counter() - t1,
             batch_train=cfg.batch_train, batch_gen=cfg.batch_gen,
-            reward_failures=int(self.reward_fn.failures), **rollout_fields)
+            reward_failures=self.reward_failures, **rollout_fields)
         return rec
 
     def evaluate(self, step: int) -> dict[str, float]:
@@ -378,12 +399,14 @@ def initial_eval(run: "Run", cache_dir: str | None = None) -> dict[str, Any]:
             key[k + "_mtime"] = os.path.getmtime(os.path.expanduser(key[k]))
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
     path = os.path.join(cache_dir, digest[:20] + ".json")
-    if os.path.exists(path):
+    # every process must take the same branch: the eval is a collective computation
+    if bool(dist.broadcast(os.path.exists(path))):
         with open(path) as f:
             return json.load(f)["eval"]
     ev = run.evaluate(0)
-    os.makedirs(cache_dir, exist_ok=True)
-    write_json(path, {"key": key, "eval": ev}, default=str)
+    if dist.is_primary():
+        os.makedirs(cache_dir, exist_ok=True)
+        write_json(path, {"key": key, "eval": ev}, default=str)
     return ev
 
 
@@ -395,12 +418,19 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
     stop_after_steps: return early after this many steps of this call (tests simulate a crash).
     eval0_cache: a directory where runs share their step-0 eval (see `initial_eval`).
     Returns the final record with "finished" True when the run reached its end.
+
+    Multi-process (after `dist.initialize`): every process calls this with the same cfg and
+    run_dir (a filesystem they share); they run the rollout, eval and update together over
+    the global mesh and save each checkpoint together, and process 0 alone writes
+    config.json, metrics.jsonl, the metric writers and DONE.json.
     """
     check_resume(cfg)   # a directory of another configuration is refused, before any work
     run = Run(cfg)
     compile_s = run.compile()
+    primary = dist.is_primary()
     os.makedirs(cfg.run_dir, exist_ok=True)
-    write_config(cfg.run_dir, cfg)
+    if primary:
+        write_config(cfg.run_dir, cfg)
     log = MetricsLog(os.path.join(cfg.run_dir, "metrics.jsonl"))
     ckpt = Checkpointer(os.path.join(cfg.run_dir, "checkpoints"))
     counters = {"step": 0, "responses": 0, "responses_generated": 0, "time_s": 0.0,
@@ -411,21 +441,24 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
         run.states = tuple(run.states)
         counters.update(meta["counters"])
         run.stream.restore(meta["data_position"])
-        run.reward_fn.failures = meta.get("reward_failures", 0)
-        log.truncate_after(counters["step"])
+        run.reward_failures = meta.get("reward_failures", 0)
+        if primary:
+            log.truncate_after(counters["step"])
     # TensorBoard / W&B get every record metrics.jsonl gets; the steps after the restored
     # checkpoint are replayed, so the writers hide what a killed attempt logged from there.
     writers = make_writers(cfg.run_dir, tensorboard=cfg.tensorboard,
                            wandb_project=cfg.wandb_project, wandb_mode=cfg.wandb_mode or None,
                            config=cfg.to_json(),
-                           purge_step=counters["step"] + 1 if resumed else 0)
+                           purge_step=counters["step"] + 1 if resumed else 0) if primary else []
 
     def emit(record: dict) -> None:
-        log.write(record)
-        write_all(writers, record)
+        if primary:
+            log.write(record)
+            write_all(writers, record)
 
     if not resumed:
-        log.truncate_after(-1)
+        if primary:
+            log.truncate_after(-1)
         ev = initial_eval(run, eval0_cache)  # the untrained score: curves start at N = 0
         emit({"step": 0, "responses": 0, "time_s": 0.0, **ev, "compile_s": compile_s})
         if cfg.target and ev["score"] >= cfg.target:
@@ -434,7 +467,7 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
     def save():
         ckpt.save(counters["step"], run.states,
                   {"counters": counters, "data_position": run.data_position,
-                   "reward_failures": int(run.reward_fn.failures)})
+                   "reward_failures": run.reward_failures})
 
     def finished() -> bool:
         c = counters
@@ -448,7 +481,8 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
     by_responses = bool(cfg.max_responses)  # budgeted runs show responses, others steps
     bar = tqdm(total=cfg.max_responses if by_responses else cfg.max_steps,
                initial=counters["responses" if by_responses else "step"],
-               disable=not progress, desc=os.path.basename(os.path.normpath(cfg.run_dir)),
+               disable=not (progress and primary),
+               desc=os.path.basename(os.path.normpath(cfg.run_dir)),
                unit="resp" if by_responses else "step", leave=False)
     last_score, steps_this_call = None, 0
     while not finished():
@@ -484,8 +518,9 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
     if done:
         if ckpt.latest_step() != counters["step"]:
             save()
-        with open(os.path.join(cfg.run_dir, DONE_FILE), "w") as f:
-            json.dump(dict(counters), f)
+        if primary:
+            with open(os.path.join(cfg.run_dir, DONE_FILE), "w") as f:
+                json.dump(dict(counters), f)
     ckpt.close()
     close_all(writers)
     return {**counters, "finished": done}
