@@ -28,20 +28,18 @@ import numpy as np
 BARRIER_TIMEOUT_S = 3600
 
 
-def initialize(coordinator_address: str = "", num_processes: int = 1, process_id: int = 0, *,
-               auto: bool = False) -> None:
+def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None, *, auto: bool = False) -> None:
     """Join the processes of one run; before anything touches a device.
 
     auto: jax.distributed.initialize() reads the cluster's environment (Cloud TPU pods, SLURM,
-    Open MPI); settings given here override what it detects. Otherwise num_processes > 1
-    starts (process 0) or joins the coordinator at coordinator_address ("host:port"), and
-    num_processes == 1 is a plain single-process run.
+    Open MPI); the settings given (not None) override what it detects. Otherwise
+    num_processes > 1 starts (process 0) or joins the coordinator at coordinator_address
+    ("host:port") as process_id, and no num_processes (or 1) is a plain single-process run.
     """
     if auto:
-        jax.distributed.initialize(coordinator_address or None,
-                                   num_processes if num_processes > 1 else None,
-                                   process_id if num_processes > 1 else None)
-    elif num_processes > 1:
+        jax.distributed.initialize(coordinator_address or None, num_processes, process_id)
+    elif (num_processes or 1) > 1:
         jax.distributed.initialize(coordinator_address, num_processes, process_id)
 
 

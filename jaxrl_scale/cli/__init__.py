@@ -117,5 +117,9 @@ def init_distributed() -> None:
     from jaxrl_scale import distributed
     F = flags.FLAGS
     check_distributed(F.coordinator_address, F.num_processes, F.process_id, F.distributed_auto)
-    distributed.initialize(F.coordinator_address, F.num_processes, F.process_id,
-                           auto=F.distributed_auto)
+    if F.distributed_auto:    # only the flags given override what the cluster says
+        distributed.initialize(F.coordinator_address,
+                               F.num_processes if F["num_processes"].present else None,
+                               F.process_id if F["process_id"].present else None, auto=True)
+    else:
+        distributed.initialize(F.coordinator_address, F.num_processes, F.process_id)
