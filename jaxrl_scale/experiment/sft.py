@@ -7,7 +7,9 @@ hash of the config, so every run of a sweep starts from the same weights.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -101,9 +103,6 @@ def sft_path(cfg: SFTConfig) -> str:
 
 def sft_warmstart(cfg: SFTConfig, *, progress: bool = True, force: bool = False):
     """Train (or reuse the cached) warm-start. Returns (checkpoint_dir, info dict)."""
-    from jaxrl_scale.data import reward_for_task
-    from jaxrl_scale.models.tokenizer import CharTokenizer
-
     out_dir = os.path.dirname(sft_path(cfg))
     info_path = os.path.join(out_dir, "info.json")
     if jax.process_count() > 1:
@@ -114,10 +113,31 @@ def sft_warmstart(cfg: SFTConfig, *, progress: bool = True, force: bool = False)
                             str(bool(force))], check=True)
         dist.barrier("sft_warmstart")
         force = False
-    if os.path.exists(info_path) and not force:
-        with open(info_path) as f:
-            return os.path.join(out_dir, "params"), json.load(f)
+    with _entry_lock(out_dir):
+        if os.path.exists(info_path) and not force:
+            with open(info_path) as f:
+                return os.path.join(out_dir, "params"), json.load(f)
+        return _train(cfg, out_dir, info_path, progress)
 
+
+@contextlib.contextmanager
+def _entry_lock(out_dir: str):
+    """One builder per cache entry: processes sharing the cache (job-array tasks, Ray
+    workers) wait here for the first one and then read its entry. flock on a file beside the
+    entry; the OS releases it when the holder dies, so a killed builder blocks nobody."""
+    os.makedirs(os.path.dirname(out_dir), exist_ok=True)
+    with open(out_dir + ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _train(cfg: SFTConfig, out_dir: str, info_path: str, progress: bool):
+    """Train the warm-start and write the cache entry (params, then info.json)."""
+    from jaxrl_scale.data import reward_for_task
+    from jaxrl_scale.models.tokenizer import CharTokenizer
     tok = CharTokenizer()
     model_cfg = get_config(cfg.model)
     if tok.vocab_size > model_cfg.vocab_size:
