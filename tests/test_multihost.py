@@ -55,22 +55,22 @@ run_training(tf.fault_cfg(spec["run_dir"], spec["data_dir"]), progress=False)
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_port(candidates=(0,)) -> int:
+    """A port on 127.0.0.1 nobody listens on: the first of `candidates` that binds (0: any)."""
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError("no free port among the candidates")
 
 
 def _slurm_env(pid: int) -> dict[str, str]:
     """What srun gives task `pid` of a 2-task job step on this host: jax.distributed's SLURM
     detection derives the coordinator (first node, port 61440 + job id % 4096) from it."""
-    for port in random.Random().sample(range(61440, 65536), 4096):   # one that is free
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                break
-            except OSError:
-                continue
+    port = _free_port(random.Random().sample(range(61440, 65536), 4096))
     return dict(SLURM_JOB_ID=str(port - 61440), SLURM_STEP_NODELIST="127.0.0.1",
                 SLURM_NTASKS=str(PROCESSES), SLURM_PROCID=str(pid), SLURM_LOCALID=str(pid),
                 SLURM_STEP_NUM_NODES="1")
