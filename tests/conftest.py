@@ -24,3 +24,25 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+if os.environ.get("JAXRL_TOL_LOG"):
+    # Margin tables (results/numerics/): every assert_allclose also logs measured / tolerance.
+    import numpy as np  # noqa: E402
+
+    import numerics  # noqa: E402
+
+    _assert_allclose = np.testing.assert_allclose
+
+    def _logged_allclose(actual, desired, rtol=1e-7, atol=0, *args, **kwargs):
+        try:
+            a = np.asarray(actual, np.float64)
+            d = np.asarray(desired, np.float64)
+            tol = atol + rtol * np.abs(d)
+            excess = np.abs(a - d) - tol
+            i = np.unravel_index(np.argmax(excess), np.shape(excess)) if np.ndim(excess) else ()
+            numerics._log("allclose", float(np.abs(a - d)[i]), float(np.broadcast_to(tol, np.shape(excess))[i]), float(np.abs(d)[i] if np.ndim(d) else abs(d)))
+        except (TypeError, ValueError):
+            pass
+        return _assert_allclose(actual, desired, rtol, atol, *args, **kwargs)
+
+    np.testing.assert_allclose = _logged_allclose
