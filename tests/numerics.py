@@ -141,3 +141,38 @@ def assert_sqnorm_close(got_sqnorm, want_grads, floor: float) -> None:
     diff = abs(float(got_sqnorm) - want)
     _log("sqnorm", diff, tol, want)
     assert diff <= tol, f"|got - want| = {diff:.3g} > {tol:.3g} (|g|^2 = {want:.3g}, n = {n})"
+
+
+def forward_tol(cfg, magnitude: float, n_positions: int) -> float:
+    """|a - b| bound for one output entry of two float32 forwards of the decoder that group
+    its sums differently (cached vs full attention, fused q/k/v, sharded matmuls): each layer
+    sums over the hidden width, the MLP width and the attended positions, and its relative
+    rounding gamma(those terms) reaches the residual stream, so over L layers the output is
+    good to gamma(L (H + F + T)) of the magnitudes summed into it (`magnitude`)."""
+    width = cfg.num_layers * (cfg.hidden_size + max(cfg.intermediate_size,
+                                                    getattr(cfg, "moe_intermediate_size", 0))
+                              + n_positions)
+    return 2 * gamma(width + TERM_ULPS) * magnitude
+
+
+def logit_magnitude(cfg, params) -> float:
+    """A bound on sum_i |h_i W_iv| for any logit: the final hidden state is RMS-normalised
+    (|h| <= sqrt(H) max|gain|), so by Cauchy-Schwarz it is at most sqrt(H) max|gain| times the
+    largest column norm of the LM head."""
+    head = params["embed"].T if getattr(cfg, "tie_word_embeddings", False) else params["lm_head"]
+    head = np.asarray(head, np.float64)
+    gain = float(np.max(np.abs(np.asarray(params["final_norm"], np.float64))))
+    return float(np.sqrt(cfg.hidden_size) * gain * np.sqrt((head ** 2).sum(0)).max())
+
+
+def assert_logprobs_close(got, want, cfg, params, n_positions: int, temperature: float = 1.0,
+                          detect: float = 0.01) -> None:
+    """Log-probs of two forwards: log p = z / tau - logsumexp(z / tau) moves by at most twice
+    the logits' rounding over tau; that bound must stay below `detect` nats (a cache or RoPE
+    bug moves log-probs by far more)."""
+    tol = 2 * forward_tol(cfg, logit_magnitude(cfg, params), n_positions) / temperature \
+        + TERM_ULPS * EPS32 * float(np.max(np.abs(np.asarray(want, np.float64))))
+    assert tol < detect, f"bound {tol:.3g} would hide a {detect} nat change"
+    diff = float(np.max(np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64))))
+    _log("logprob", diff, tol, 1.0)
+    assert diff <= tol, f"max |got - want| = {diff:.3g} > {tol:.3g}"

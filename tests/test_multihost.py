@@ -1,8 +1,8 @@
 """Two processes equal one: a run over two JAX processes on loopback (4 fake CPU devices each,
-jax.distributed with a 127.0.0.1 coordinator, gloo collectives) gives the metrics and, after
-its 4 GRPO steps, the params of the same run in one process with 8 devices; and so does a
-two-process run killed after its step-2 checkpoint and resumed in two processes (which find
-each other through a fake SLURM environment, as `--distributed_auto` does on a cluster).
+jax.distributed with a 127.0.0.1 coordinator, gloo collectives), killed after its step-2
+checkpoint and resumed in two processes (which find each other through a fake SLURM
+environment, as `--distributed_auto` does on a cluster), gives the metrics and, after its 4
+GRPO steps, the params of the same run in one process with 8 devices.
 
 The run is test_faults' (test_train's tiny config with a reward the random model earns
 unevenly, so every update moves the params; evals at steps 0, 2, 4; checkpoints at 2 and 4),
@@ -189,15 +189,25 @@ def selftest(path: str) -> None:
 
 @pytest.fixture(scope="module")
 def two_process_run(env, tmp_path_factory):
+    """One two-process run, killed right after its step-2 checkpoint (both processes die
+    before step 3) and resumed by processes that find each other through the fake SLURM
+    environment: the uninterrupted and the resumed halves together cover every step, so one
+    run checks both 'two processes equal one' and the resume (one launch less to wait for)."""
     root = tmp_path_factory.mktemp("multihost")
-    _ok(_launch(root / "run", env, selftest=str(root)))
-    return str(root)
+    run_dir = root / "run"
+    killed = _launch(run_dir, env, point="after_save", n=1, selftest=str(root))
+    state = dict(root=str(root), run_dir=run_dir, killed=killed,
+                 finished_before=_finished_steps(run_dir),
+                 done_before=os.path.exists(run_dir / "DONE.json"),
+                 last_step_before=max(r["step"] for r in _records(run_dir)))
+    _ok(_launch(run_dir, env, auto=True))
+    return state
 
 
 def test_distributed_helpers_in_two_processes(two_process_run):
     x = np.arange(32.0).reshape(8, 4).tolist()
     for pid in range(PROCESSES):
-        with open(os.path.join(two_process_run, f"process{pid}.json")) as f:
+        with open(os.path.join(two_process_run["root"], f"process{pid}.json")) as f:
             out = json.load(f)
         assert out["rows5"] == [[0, 3], [3, 5]][pid] and out["rows16"] == [8 * pid, 8 * pid + 8]
         assert out["gather5"] == [1, 11, 21, 31, 41]
@@ -208,24 +218,18 @@ def test_distributed_helpers_in_two_processes(two_process_run):
         assert (out["devices"], out["processes"]) == (8, PROCESSES)
 
 
+def test_two_processes_killed_after_a_checkpoint_resume_to_the_same_run(env, two_process_run):
+    for pid, r in enumerate(two_process_run["killed"]):
+        assert r.returncode == -signal.SIGKILL, f"process {pid}:\n{r.stderr[-3000:]}"
+    assert two_process_run["finished_before"] == [2]
+    assert not two_process_run["done_before"] and two_process_run["last_step_before"] == 2
+    run_dir = two_process_run["run_dir"]
+    assert os.path.exists(run_dir / "DONE.json")
+
+
 def test_two_processes_equal_one(env, two_process_run):
-    run_dir = os.path.join(two_process_run, "run")
-    assert os.path.exists(os.path.join(run_dir, "DONE.json"))
+    """The killed-and-resumed two-process run's records and final params equal the
+    one-process reference run's."""
+    run_dir = str(two_process_run["run_dir"])
     _assert_records_match(_records(run_dir), env["ref"]["records"])
     _assert_params_match(run_dir, env["ref"])
-
-
-def test_two_processes_killed_after_a_checkpoint_resume_to_the_same_run(env, tmp_path):
-    run_dir = tmp_path / "killed"
-    # both processes die right after checkpoint 2 is complete, before step 3
-    results = _launch(run_dir, env, point="after_save", n=1)
-    for pid, r in enumerate(results):
-        assert r.returncode == -signal.SIGKILL, f"process {pid}:\n{r.stderr[-3000:]}"
-    assert _finished_steps(run_dir) == [2]
-    assert not os.path.exists(run_dir / "DONE.json")
-    assert max(r["step"] for r in _records(run_dir)) == 2
-    # the same run again, its processes found through the (fake) SLURM environment
-    _ok(_launch(run_dir, env, auto=True))
-    assert os.path.exists(run_dir / "DONE.json")
-    _assert_records_match(_records(run_dir), env["ref"]["records"])
-    _assert_params_match(str(run_dir), env["ref"])
