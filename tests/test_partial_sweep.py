@@ -142,11 +142,12 @@ def test_b_gen_varied_only_by_k_decides_no_source_finding():
     """One synchronous batch and its k = 2 twin: the fit exists, but it sets engine rounds
     against a synchronous one, so finding (4) stays undetermined and the line says why."""
     from jaxrl_scale.experiment import report
+    from jaxrl_scale.scaling import findings
     runs = [_timed_run("s", 128, 1), _timed_run("k", 128, 2)]
     costs = {r.name: step_costs(r) for r in runs}
     m = analysis.step_time_model(runs, costs, 50, np.random.default_rng(0), 0.9, 0.1, 128)
     assert m["sync_batches"] == 1 and m["d0"] is not None
-    status, text = report._finding_collection({"critical_generation_batch": m})
+    status, _, text, _ = findings.sublinear_collection(m, {}, 0.9)
     assert status == "undetermined" and "gen_batch_ratio" in text
     assert "CAUTION" in report._cgb_line({"critical_generation_batch": m})
 

@@ -20,7 +20,6 @@ and HF with min_new_tokens = --new_tokens.
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -35,6 +34,7 @@ from jaxrl_scale import bench
 from jaxrl_scale.models import get_config, init_params
 from jaxrl_scale.sampling import decode, generate
 from jaxrl_scale.scaling.throughput import critical_generation_batch, fit_linear_time
+from jaxrl_scale.numbers import write_json
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "small", "Model preset (jaxrl_scale.models.PRESETS).")
@@ -221,9 +221,9 @@ def main(argv):
         flag_values = {k: FLAGS[k].value for k in (
             "model", "hf_checkpoint", "batch_sizes", "prompt_len", "new_tokens", "repeats",
             "dtype", "compare_hf", "hf_batch_sizes", "min_gain", "seed")}
-        with open(FLAGS.json_out, "w") as f:
-            json.dump(dict(flags=flag_values, model=cfg.__dict__ | {"num_params": cfg.num_params()},
-                           machine=machine, results=rows, **summary), f, indent=2, default=str)
+        write_json(FLAGS.json_out, dict(flags=flag_values, model=cfg.__dict__ | {
+            "num_params": cfg.num_params()}, machine=machine, results=rows, **summary),
+            indent=2, default=str)
         logging.info("wrote %s", FLAGS.json_out)
         print(f"wrote {FLAGS.json_out}")
 

@@ -21,6 +21,7 @@ import time
 from absl import flags
 
 from jaxrl_scale.cli import run_main
+from jaxrl_scale.numbers import write_json
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("quick", False, "Small shapes (minutes on a CPU) instead of accelerator ones.")
@@ -96,9 +97,9 @@ def main(argv):
             med = sorted(x["responses_per_s"] for x in r)[len(r) // 2]
             print(f"{'RL loop P=' + str(res['P']) + ' G=' + str(res['G']):<28} "
                   f"{med:>7.0f} resp/s {'-':>13} {'-':>12}")
-    with open(os.path.join(FLAGS.out_dir, "device.json"), "w") as f:
-        json.dump(dict(device_kind=dev.device_kind, device_count=jax.device_count(),
-                       chip=chip[0] if chip else None, status=status), f, indent=2)
+    write_json(os.path.join(FLAGS.out_dir, "device.json"),
+               dict(device_kind=dev.device_kind, device_count=jax.device_count(),
+                    chip=chip[0] if chip else None, status=status), indent=2)
     if not all(s["ok"] for s in status.values()):
         sys.exit(1)
 

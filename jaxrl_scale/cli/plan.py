@@ -25,6 +25,7 @@ import os
 from absl import flags
 
 from jaxrl_scale.cli import one_line_errors, quiet_logging, run_main
+from jaxrl_scale.numbers import fmt_ci, to_jsonable, write_json
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("probe_run", [], "Run dir(s) at the reference batch B0 (config.json + "
@@ -190,8 +191,7 @@ def _print(result: dict) -> None:
 
 
 def _ci(v, ci) -> str:
-    from jaxrl_scale.scaling.planner import _fmt_ci
-    return _fmt_ci(v, ci)
+    return fmt_ci(v, ci) if v is not None else "-"
 
 
 def main(argv):
@@ -236,8 +236,7 @@ def _plan() -> None:
     os.makedirs(out_dir, exist_ok=True)
     stem = os.path.splitext(json_out)[0]
     if fit.get("timings"):
-        with open(os.path.join(out_dir, "timings.json"), "w") as f:
-            json.dump(planner.to_jsonable(fit["timings"]), f, indent=1)
+        write_json(os.path.join(out_dir, "timings.json"), to_jsonable(fit["timings"]), indent=1)
     rows = None
     if summary is not None:
         comp = {net: planner.compare(result, summary, network=net)
@@ -249,10 +248,9 @@ def _plan() -> None:
         checks = {net: planner.recommendation_check(
             dict(result, recommended=result["by_network"][net]["recommended"]), summary, r)
             for net, r in comp.items()}
-        with open(os.path.join(out_dir, "compare.json"), "w") as f:
-            json.dump(planner.to_jsonable({
-                "summary": FLAGS.compare, "plan": json_out, "rows": comp, "counts": counts,
-                "counts_same_group_size": counts_g, "recommendation": checks}), f, indent=1)
+        write_json(os.path.join(out_dir, "compare.json"), to_jsonable({
+            "summary": FLAGS.compare, "plan": json_out, "rows": comp, "counts": counts,
+            "counts_same_group_size": counts_g, "recommendation": checks}), indent=1)
         md = [f"# Planner predictions vs {FLAGS.compare}\n",
               "✓: measured point inside the predicted interval; ~: only the intervals "
               "overlap; x: disjoint. Intervals at "
@@ -274,8 +272,7 @@ def _plan() -> None:
                    f"sweep's best set at G = {g}: B = {ck['measured_best_set_batches']}", ""]
         with open(os.path.join(out_dir, "compare.md"), "w") as f:
             f.write("\n".join(md) + "\n")
-    with open(json_out, "w") as f:
-        json.dump(planner.to_jsonable(result), f, indent=1)
+    write_json(json_out, to_jsonable(result), indent=1)
     png = planner.plot_plan(result, stem + ".png", rows)
     _print(result)
     for w in result["warnings"]:

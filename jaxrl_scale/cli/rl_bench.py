@@ -36,6 +36,7 @@ import time
 from absl import app, flags
 
 from jaxrl_scale.cli import quiet_logging, run_main
+from jaxrl_scale.numbers import write_json
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("prompts", ["8", "32", "128"], "Prompts per step P (one setting each).")
@@ -205,8 +206,7 @@ def _trl_round(work: str, model_dir: str, examples: list, P: int) -> list[dict]:
                 lr=FLAGS.lr, seed=FLAGS.seed, task=FLAGS.task, model_dir=model_dir,
                 examples=examples, out_dir=os.path.join(work, "trl_out"))
     path = os.path.join(work, f"trl_spec_P{P}.json")
-    with open(path, "w") as f:
-        json.dump(spec, f)
+    write_json(path, spec)
     proc = subprocess.run([FLAGS.trl_python, os.path.abspath(__file__), f"--trl_round={path}"],
                           capture_output=True, text=True, env=dict(os.environ,
                                                                      TOKENIZERS_PARALLELISM="false"))
@@ -282,8 +282,7 @@ def main(argv):
                machine=platform.machine(), command=" ".join(sys.argv))
     if FLAGS.json_out:
         os.makedirs(os.path.dirname(FLAGS.json_out) or ".", exist_ok=True)
-        with open(FLAGS.json_out, "w") as f:
-            json.dump(out, f, indent=2)
+        write_json(FLAGS.json_out, out, indent=2)
         print(f"wrote {FLAGS.json_out}")
 
 

@@ -29,7 +29,6 @@ partial / sync of responses/s.
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -38,6 +37,7 @@ import time
 from absl import flags
 
 from jaxrl_scale.cli import quiet_logging, run_main
+from jaxrl_scale.numbers import write_json
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("settings", ["rl_cpu", "small", "engine_vs_generate"],
@@ -222,8 +222,7 @@ def main(argv):
                       flush=True)
         results["settings"][setting] = {"rounds": rounds, "summary": _print(setting, rounds)}
     os.makedirs(os.path.dirname(FLAGS.json_out) or ".", exist_ok=True)
-    with open(FLAGS.json_out, "w") as f:
-        json.dump(results, f, indent=2, default=float)
+    write_json(FLAGS.json_out, results, indent=2, default=float)
     print(f"\nwrote {FLAGS.json_out}")
 
 

@@ -19,7 +19,6 @@ counts), B * T all positions (prompt and padding included: the step computes the
 from __future__ import annotations
 
 import functools
-import json
 import os
 import platform
 
@@ -34,6 +33,7 @@ from jaxrl_scale.models import get_config, init_params
 from jaxrl_scale.rl import steps
 from jaxrl_scale.rl.batch import RolloutBatch
 from jaxrl_scale.rl.state import create_train_state
+from jaxrl_scale.numbers import write_json
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "small", "Model preset (jaxrl_scale.models.PRESETS).")
@@ -157,8 +157,7 @@ def main(argv):
                cpu_count=os.cpu_count(), machine=platform.machine(), rows=rows)
     if FLAGS.json_out:
         os.makedirs(os.path.dirname(FLAGS.json_out) or ".", exist_ok=True)
-        with open(FLAGS.json_out, "w") as f:
-            json.dump(out, f, indent=2)
+        write_json(FLAGS.json_out, out, indent=2)
         print(f"wrote {FLAGS.json_out}")
 
 

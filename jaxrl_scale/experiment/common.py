@@ -2,19 +2,9 @@
 the atomic JSON write every run, sweep and cache file goes through."""
 from __future__ import annotations
 
-import json
 import os
-from typing import Any
 
-
-def write_json(path: str, obj: Any, **dump_kw) -> None:
-    """json.dump to `path` through a temp file renamed over it: readers see the old file or
-    the new one, never a torn write. The temp name is per process, because several processes
-    (job-array tasks, Ray workers, runs finishing the same step-0 eval) may write one path."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, **dump_kw)
-    os.replace(tmp, path)
+from jaxrl_scale.numbers import write_json  # noqa: F401  (the one atomic JSON writer)
 
 
 def load_splits(task: str, task_kwargs: dict, data_dir: str, num_train: int = 0,

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
-from typing import Any
 
-import numpy as np
+
+from jaxrl_scale.numbers import to_jsonable
 
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
@@ -27,16 +26,9 @@ class CorruptMetricsError(ValueError):
     """metrics.jsonl has an unreadable line before its last one."""
 
 
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {k: _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if hasattr(v, "tolist"):  # numpy / jax arrays and scalars
-        return _jsonable(np.asarray(v).tolist())
-    if isinstance(v, float) and not math.isfinite(v):
-        return None  # JSON has no NaN/Inf; null says "not a number" honestly
-    return v
+# The one JSON sanitizer (numpy/JAX to Python, NaN/inf to null); the old name stays for
+# tests/test_faults.py's torn-write hook.
+_jsonable = to_jsonable
 
 
 def parse_records(lines: list[bytes], path: str = "metrics.jsonl") -> list[dict]:

@@ -30,6 +30,8 @@ from typing import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
+from jaxrl_scale.numbers import UNBOUNDED, Interval, fmt, fmt_ci, is_number  # noqa: F401
+from jaxrl_scale.scaling import findings as findings_mod
 from jaxrl_scale.scaling.analysis import analyze_sweep, write_summary
 from jaxrl_scale.scaling.io import Run, read_csv_run, read_sweep
 
@@ -40,65 +42,27 @@ RULE_STYLES = {"sqrt": "-", "fixed": "--", "linear": ":", "malladi": "-."}
 OTHER_STYLE = (0, (3, 1, 1, 1, 1, 1))
 ALGO_MARKERS = ("o", "s", "^", "D", "v")
 MIN_SNR = 6.0  # signal-to-noise (target - start) / eval SE below which verdicts may be noise
-UNBOUNDED = "∞"
 
 
-def _ok(x) -> bool:
-    return (x is not None and isinstance(x, (int, float, np.floating)) and not isinstance(x, bool)
-            and math.isfinite(x))
-
-
-def fmt(x, digits: int = 3) -> str:
-    if not _ok(x):
-        return "-"
-    if x != 0 and (abs(x) >= 1e7 or abs(x) < 1e-4):
-        return f"{x:.{digits - 1}e}"
-    if abs(x) >= 10 ** digits:
-        return f"{x:,.0f}"
-    return f"{x:.{digits}g}"
+_ok = is_number
 
 
 def _ci(ci) -> tuple:
     """(lo, hi) of an interval that may be None or hold None ends."""
-    if not ci or len(ci) < 2:
-        return None, None
-    return ci[0], ci[1]
-
-
-def fmt_ci(x, ci, digits: int = 3) -> str:
-    """'x [lo, hi]'; hi None (with a finite lo) is unbounded; no interval: just x."""
-    lo, hi = _ci(ci)
-    base = fmt(x, digits)
-    if not _ok(lo) and not _ok(hi):
-        return base
-    return f"{base} [{fmt(lo, digits)}, {fmt(hi, digits) if _ok(hi) else UNBOUNDED}]"
+    iv = Interval.of(ci)
+    return iv.lo, iv.hi
 
 
 def _below(ci, v) -> bool:
-    """The whole interval is below v (an unbounded upper end never is)."""
-    _, hi = _ci(ci)
-    return _ok(hi) and hi < v
+    return Interval.of(ci).below(v)
 
 
 def _above(ci, v) -> bool:
-    lo, _ = _ci(ci)
-    return _ok(lo) and lo > v
+    return Interval.of(ci).above(v)
 
 
 def _contains(ci, v) -> bool:
-    lo, hi = _ci(ci)
-    return _ok(lo) and lo <= v and (not _ok(hi) or hi >= v)
-
-
-def _overlap(a, b) -> bool | None:
-    """Do two intervals overlap? None when either has no finite lower end."""
-    alo, ahi = _ci(a)
-    blo, bhi = _ci(b)
-    if not (_ok(alo) and _ok(blo)):
-        return None
-    ahi = ahi if _ok(ahi) else math.inf
-    bhi = bhi if _ok(bhi) else math.inf
-    return alo <= bhi and blo <= ahi
+    return Interval.of(ci).contains(v)
 
 
 def _style(rule):
@@ -667,255 +631,18 @@ def _mixed_note(cgb: dict) -> str:
             "decode curve")
 
 
-# --- source findings: (status, text). Status: reproduced / not reproduced / undetermined.
-
-def _finding_sqrt(summary: dict, algo: str) -> tuple[str, str]:
-    a = _algo_info(summary, algo)
-    tol = summary.get("tolerance")
-    lim = 1 + tol
-    ref = _configs(summary).get(a.get("reference_config")) or {}
-    if not a.get("reference_reached", summary.get("reference_reached")):
-        return "undetermined", "the reference did not reach J*, so no r_N"
-    rb = ref.get("batch") or 0
-    sq = [(g, st) for g, st in _sorted_configs(summary, algo)
-          if st.get("lr_rule") == "sqrt" and not _is_ref(summary, g, st)
-          and (st.get("batch") or 0) > rb and _ratio(st) == _ratio(ref)]
-    if not sq:
-        return "undetermined", "no sqrt-lr config at a batch above the reference's"
-    aligned, cost, open_ = [], [], []
-    for g, st in sq:
-        ci = st.get("r_N_ci")
-        d = f"B={fmt(st.get('batch'))} r_N {fmt_ci(st.get('r_N'), ci)}"
-        if st.get("reached") and _ok(_ci(ci)[1]) and _ci(ci)[1] <= lim:
-            aligned.append((st["batch"], d + (" (reaches 1)" if _contains(ci, 1.0) else "")))
-        elif st.get("reached") and _above(ci, lim):
-            cost.append((st["batch"], d))
-        elif not st.get("reached"):
-            cost.append((st["batch"], f"B={fmt(st.get('batch'))} not reached"))
-        else:
-            open_.append((st["batch"], d + (" (reaches 1)" if _contains(ci, 1.0) else "")))
-    parts = []
-    if aligned:
-        parts.append(f"r_N interval under {fmt(lim)}: " + ", ".join(d for _, d in aligned))
-    if open_:
-        parts.append(f"interval straddles {fmt(lim)}: " + ", ".join(d for _, d in open_))
-    if cost:
-        parts.append("sample cost: " + ", ".join(d for _, d in cost))
-    detail = "; ".join(parts)
-    if aligned:
-        top = max(b for b, _ in aligned)
-        return "reproduced", (f"sqrt lr keeps r_N within 1 + {tol:g} from B={fmt(rb)} up to "
-                              f"B={fmt(top)} ({detail})")
-    if open_:
-        return "undetermined", f"the intervals do not decide ({detail})"
-    return "not reproduced", f"every larger sqrt-lr batch costs samples ({detail})"
-
-
-def _finding_fixed(summary: dict, algo: str) -> tuple[str, str]:
-    if not _algo_info(summary, algo).get("reference_reached", summary.get("reference_reached")):
-        return "undetermined", "the reference did not reach J*, so no r_N"
-    ref = _configs(summary).get(_algo_info(summary, algo).get("reference_config")) or {}
-    items = _sorted_configs(summary, algo)
-    pairs = []
-    for g, st in items:
-        if st.get("lr_rule") != "fixed" or st.get("batch") == ref.get("batch"):
-            continue
-        for h, sq in items:
-            if (sq.get("lr_rule") == "sqrt" and sq.get("batch") == st.get("batch")
-                    and sq.get("group_size") == st.get("group_size")
-                    and _ratio(sq) == _ratio(st)):
-                pairs.append((g, st, h, sq))
-    if not pairs:
-        return "undetermined", ("no batch (other than the reference's, where both rules give "
-                                "the same lr) has both a fixed-lr and a sqrt-lr config")
-    lag, no, und, det = 0, 0, 0, []
-    for g, st, h, sq in pairs:
-        f_ci, s_ci = st.get("r_N_ci"), sq.get("r_N_ci")
-        f_txt = fmt_ci(st.get("r_N"), f_ci) if st.get("reached") else "not reached"
-        s_txt = fmt_ci(sq.get("r_N"), s_ci) if sq.get("reached") else "not reached"
-        d = f"B={fmt(st['batch'])}: fixed r_N {f_txt} vs sqrt {s_txt}"
-        if not st.get("reached") and sq.get("reached"):
-            lag += 1
-            det.append(d + " (lags)")
-        elif st.get("reached") and sq.get("reached"):
-            flo, fhi = _ci(f_ci)
-            slo, shi = _ci(s_ci)
-            if _ok(flo) and _ok(shi) and flo > shi:
-                lag += 1
-                det.append(d + " (lags)")
-            elif _ok(fhi) and _ok(slo) and fhi < slo:
-                no += 1
-                det.append(d + " (fixed needs fewer samples)")
-            else:
-                und += 1
-                det.append(d + " (intervals overlap)")
-        elif st.get("reached") and not sq.get("reached"):
-            no += 1
-            det.append(d + " (fixed reaches, sqrt does not)")
-        else:
-            und += 1
-            det.append(d + " (neither reaches)")
-    return _outcome(lag, no, det)
-
-
-def _outcome(yes: int, no: int, details: list[str], all_decided: bool = True
-             ) -> tuple[str, str]:
-    """A finding's mark from how many comparisons support (yes) or contradict (no) it."""
-    text = "; ".join(details)
-    if yes and not no and all_decided:
-        return "reproduced", text
-    if no and not yes:
-        return "not reproduced", text
-    return "undetermined", text + (" (mixed)" if yes and no else "")
-
-
-def _finding_grad(summary: dict, algo: str) -> tuple[str, str]:
-    grad = _algo_info(summary, algo).get("grad_norm") or (
-        summary.get("grad_norm") if algo == summary.get("primary_algo") else None) or {}
-    g = grad.get("actor_grad_norm")
-    if not g:
-        return "undetermined", ("actor_grad_norm is not logged at 2+ batches of the "
-                                "reference's lr rule")
-    ci = g.get("slope_ci")
-    span = f"B={fmt(g['batches'][0])}..{fmt(g['batches'][-1])}, lr rule {g.get('lr_rule')}"
-    flat = g.get("flattens_after")
-    fl = (f"flattens after B={fmt(flat)} (local slope > {g.get('flat_threshold'):g})" if flat
-          else f"no flattening within the grid (local slope stays <= {g.get('flat_threshold'):g})")
-    s = f"log-log slope {fmt_ci(g.get('slope'), ci, 2)} over {span}; {fl}"
-    if _contains(ci, -0.5):
-        return "reproduced", s + "; the interval contains -1/2"
-    if not _ok(_ci(ci)[0]):
-        return "undetermined", s + "; no interval"
-    if flat and _below(ci, 0.0):
-        return "undetermined", (s + "; the interval excludes -1/2, but the fit mixes the falling "
-                                "and the flat regime")
-    return "not reproduced", s + "; the interval excludes -1/2"
-
-
-def _finding_collection(summary: dict) -> tuple[str, str]:
-    cgb = summary.get("critical_generation_batch") or {}
-    d0, ci = cgb.get("d0"), cgb.get("d0_ci")
-    if not _ok(d0):
-        return "undetermined", "no fit t_gen = d0 + d1*B (collection times at < 2 batches)"
-    if cgb.get("sync_batches", 2) < 2:
-        return "undetermined", (f"synchronous collection times at < 2 batches (d0 = "
-                                f"{fmt_ci(d0, ci)} s comes from B_gen varied only through "
-                                "gen_batch_ratio, not from synchronous decode rounds)")
-    bs, coll = _per_batch(summary, "collection_s_per_step")
-    growth = (f"; from B={fmt(bs[0])} to B={fmt(bs[-1])} ({bs[-1] / bs[0]:.3g}x responses) "
-              f"collection time per step grows {coll[-1] / coll[0]:.3g}x" if len(bs) >= 2 else "")
-    s = f"d0 = {fmt_ci(d0, ci)} s per step{growth}"
-    if _above(ci, 0.0):
-        return "reproduced", s + (" (d0 interval above 0: per-step collection time grows "
-                                  "slower than B)")
-    if _below(ci, 0.0) or (_ok(_ci(ci)[1]) and _ci(ci)[1] <= 0):
-        return "not reproduced", s + " (no fixed per-step cost)"
-    return "undetermined", s + " (the d0 interval reaches 0)"
-
-
-def _finding_pg(summary: dict, algo: str) -> tuple[str, str]:
-    by: dict[tuple, list] = {}
-    for g, st in _sorted_configs(summary, algo):
-        if st.get("group_size") is not None and _ok(st.get("batch")):
-            by.setdefault((st.get("lr_rule"), st["batch"], _ratio(st)), []).append((g, st))
-    pairs = []
-    for (rule, b, _), xs in sorted(by.items(), key=lambda kv: (str(kv[0][0]), kv[0][1:])):
-        for i in range(len(xs)):
-            for j in range(i + 1, len(xs)):
-                if xs[i][1].get("group_size") != xs[j][1].get("group_size"):
-                    pairs.append((xs[i], xs[j]))
-    if not pairs:
-        return "undetermined", ("no two configs share algo, lr rule and P*G with different "
-                                "group sizes")
-    if not _algo_info(summary, algo).get("reference_reached", summary.get("reference_reached")):
-        return "undetermined", "the reference did not reach J*, so no r_N"
-    alike, differ, und, det = 0, 0, 0, []
-    for (g, a), (h, b) in pairs:
-        d = (f"B={fmt(a['batch'])} lr {a.get('lr_rule')}: G={a.get('group_size')} r_N "
-             f"{fmt_ci(a.get('r_N'), a.get('r_N_ci'))} vs G={b.get('group_size')} r_N "
-             f"{fmt_ci(b.get('r_N'), b.get('r_N_ci'))}")
-        if not (a.get("reached") and b.get("reached")):
-            und += 1
-            det.append(d + " (not both reached)")
-            continue
-        ov = _overlap(a.get("r_N_ci"), b.get("r_N_ci"))
-        if ov is None:
-            und += 1
-            det.append(d + " (no interval)")
-        elif ov:
-            alike += 1
-            det.append(d + " (overlap: alike)")
-        else:
-            differ += 1
-            det.append(d + " (disjoint: differ)")
-    return _outcome(alike, differ, det, all_decided=not und)
-
-
-def _finding_faster(summary: dict, algo: str) -> tuple[str, str]:
-    a = _algo_info(summary, algo)
-    if not a.get("reference_reached", summary.get("reference_reached")):
-        return "undetermined", "the reference did not reach J*, so no T/T0"
-    items = [(g, st) for g, st in _sorted_configs(summary, algo) if not _is_ref(summary, g, st)]
-    fast = [(g, st) for g, st in items if st.get("verdict") == "faster"]
-    cap = _cap_text(summary, algo)
-    if fast:
-        return "reproduced", "faster: " + ", ".join(
-            f"{g} T/T0 {fmt_ci(st.get('T_over_T0'), st.get('T_over_T0_ci'))}"
-            for g, st in fast) + cap
-    maybe = [(g, st) for g, st in items if st.get("verdict") == "indistinguishable"
-             and not _above(st.get("T_over_T0_ci"), 1.0) and _ok(_ci(st.get("T_over_T0_ci"))[0])
-             and _ci(st.get("T_over_T0_ci"))[0] < 1]
-    if maybe:
-        return "undetermined", ("no config is faster, but the interval of T/T0 reaches below "
-                                "1 for " + ", ".join(
-                                    f"{g} {fmt_ci(st.get('T_over_T0'), st.get('T_over_T0_ci'))}"
-                                    for g, st in maybe) + cap)
-    if not items:
-        return "undetermined", "no config besides the reference" + cap
-    return "not reproduced", "no config has T/T0 < 1 (all slower, not reached or at 1)" + cap
-
-
-def _cap_text(summary: dict, algo: str) -> str:
-    cgb = _algo_info(summary, algo).get("critical_generation_batch") or (
-        summary.get("critical_generation_batch") if algo == summary.get("primary_algo") else {})
-    tf = (cgb or {}).get("train_fit") or {}
-    cap = tf.get("r_q_cap")
-    if not _ok(cap):
-        return ("; no r_q cap measured (train_s and gen_s per step are both needed for the "
-                "step-time fit)")
-    share = tf.get("update_share_at_reference")
-    s = (f"; the step-time fits cap r_q at {fmt_ci(cap, tf.get('r_q_cap_ci'))} over the "
-         f"reference batch, so a larger batch is faster only where r_N is below that cap")
-    if _ok(share):
-        s += (f" (the update takes {share:.0%} of a step at the reference batch"
-              + (": on this hardware the update, not generation, dominates each step"
-                 if share > 0.5 else "") + ")")
-    return s
-
-
-FINDINGS = (
-    ("sqrt-lr scaling keeps r_N near 1 over a range of batches", _finding_sqrt, True),
-    ("fixed lr lags sqrt lr at the same batch", _finding_fixed, True),
-    ("actor grad norm falls as B^-1/2, then flattens", _finding_grad, True),
-    ("collection time per step grows sublinearly in B (d0 > 0)", _finding_collection, False),
-    ("equal P*G with different group sizes behave alike", _finding_pg, True),
-    ("a larger batch reaches the target sooner (T/T0 < 1 somewhere)", _finding_faster, True),
-)
-
+# --- source findings: decided in scaling/findings.py and stored in summary.json; rendered here.
 
 def source_findings(summary: dict) -> list[tuple[int, str, str, str]]:
-    """[(number, claim, status, reason with numbers)] for the source's findings."""
-    algos = _algos(summary) or [summary.get("primary_algo") or "?"]
-    multi = len(algos) > 1
+    """[(number, claim, status, detail)] of the summary's findings (numbered in the order of
+    `findings.IDS`; "[algo]" after the claim when the sweep has several algorithms)."""
+    multi = len(summary.get("algos") or {}) > 1
     out = []
-    for k, (claim, fn, per_algo) in enumerate(FINDINGS, 1):
-        if not per_algo:
-            status, why = fn(summary)
-            out.append((k, claim, status, why))
-            continue
-        for algo in algos:
-            status, why = fn(summary, algo)
-            out.append((k, claim + (f" [{algo}]" if multi else ""), status, why))
+    # a summary recorded before findings were data has none (regenerate it from its logs)
+    for f in summary.get("findings") or ():
+        k = findings_mod.IDS.index(f["id"]) + 1
+        claim = f["claim"] + (f" [{f['algo']}]" if multi and f.get("algo") else "")
+        out.append((k, claim, f["status"], f["detail"]))
     return out
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import itertools
-import json
 import os
 import time
 import traceback
@@ -466,9 +465,9 @@ def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
     e2, t2 = _run_all(runs, "sweep", progress, eval0, sweep)
     errors.update(e2)
     timings.update(t2)
-    with open(os.path.join(sweep.sweep_dir, "sweep_status.json"), "w") as f:
-        json.dump({"errors": errors, "wall_s_this_call": timings,
-                   "total_wall_s_this_call": time.time() - t_start}, f, indent=2)
+    write_json(os.path.join(sweep.sweep_dir, "sweep_status.json"),
+               {"errors": errors, "wall_s_this_call": timings,
+                "total_wall_s_this_call": time.time() - t_start}, indent=2)
     if not analyse:
         return {"errors": errors}
     from jaxrl_scale.experiment.report import analyze_and_report

@@ -519,8 +519,7 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
         if ckpt.latest_step() != counters["step"]:
             save()
         if primary:
-            with open(os.path.join(cfg.run_dir, DONE_FILE), "w") as f:
-                json.dump(dict(counters), f)
+            write_json(os.path.join(cfg.run_dir, DONE_FILE), dict(counters))
     ckpt.close()
     close_all(writers)
     return {**counters, "finished": done}

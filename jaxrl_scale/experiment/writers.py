@@ -7,7 +7,6 @@ land there, under their different keys.
 """
 from __future__ import annotations
 
-import math
 import os
 import secrets
 import socket
@@ -15,6 +14,8 @@ import time
 from typing import Any, Protocol
 
 import numpy as np
+
+from jaxrl_scale.numbers import is_number
 
 WANDB_ID_FILE = "wandb_id"  # in the run dir: a resumed run continues its W&B run
 
@@ -26,12 +27,10 @@ class Writer(Protocol):
 
 
 def _number(v: Any) -> int | float | None:
-    if isinstance(v, np.generic):  # numpy scalars (np.float32 is no float) -> Python's
-        v = v.item()
-    if isinstance(v, bool):
+    if isinstance(v, (bool, np.bool_)):
         return int(v)
-    if isinstance(v, (int, float)) and math.isfinite(v):
-        return v
+    if is_number(v):
+        return v.item() if isinstance(v, np.generic) else v  # np.float32 is no float
     return None  # None, NaN/inf, strings, dicts: nothing a chart can draw
 
 

@@ -32,6 +32,7 @@ from safetensors.numpy import save_file
 
 from jaxrl_scale.models.config import ModelConfig
 from jaxrl_scale.models.decoder import Params, param_shapes
+from jaxrl_scale.numbers import write_json
 
 __all__ = ["load_hf", "save_hf", "config_from_hf", "config_to_hf"]
 
@@ -499,8 +500,7 @@ def save_hf(path, cfg: ModelConfig, params: Params, *, max_shard_bytes: int | No
     hf_cfg = config_to_hf(cfg)
     hf_cfg["torch_dtype"] = hf_cfg["dtype"] = dt.name
     hf_cfg.update(extra_config or {})
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(hf_cfg, f, indent=2, sort_keys=True)
+    write_json(os.path.join(path, "config.json"), hf_cfg, indent=2, sort_keys=True)
 
     tensors = list(_hf_tensors(cfg, params))
     itemsize = np.dtype(dt).itemsize
@@ -528,5 +528,5 @@ def save_hf(path, cfg: ModelConfig, params: Params, *, max_shard_bytes: int | No
                   os.path.join(path, fname), metadata=meta)
         weight_map.update({n: fname for n, _, _ in shard})
     total = sum(int(np.prod(s)) * itemsize for _, s, _ in tensors)
-    with open(os.path.join(path, INDEX_FILE), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    write_json(os.path.join(path, INDEX_FILE),
+               {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)

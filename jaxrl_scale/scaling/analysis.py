@@ -14,13 +14,14 @@ Pure numpy: it never imports JAX.
 from __future__ import annotations
 
 import collections
-import json
 import math
 import os
 from typing import Any, Sequence
 
 import numpy as np
 
+from jaxrl_scale.numbers import is_number, or_none, to_jsonable, write_json
+from jaxrl_scale.scaling import findings
 from jaxrl_scale.scaling import io as sio
 from jaxrl_scale.scaling import noise as snoise
 from jaxrl_scale.scaling import stats
@@ -49,39 +50,15 @@ def parse_target(target: Any) -> float | str:
     return t
 
 
-def to_jsonable(x: Any) -> Any:
-    """Plain JSON: numpy scalars to Python, NaN/inf to None."""
-    if isinstance(x, dict):
-        return {str(k): to_jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [to_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return to_jsonable(x.tolist())
-    if isinstance(x, (bool, np.bool_)):
-        return bool(x)
-    if isinstance(x, (int, np.integer)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(x) else None
-    return x
-
-
-def write_summary(out_dir: str, summary: dict) -> str:
-    os.makedirs(out_dir, exist_ok=True)
+def write_summary(out_dir: str, summary) -> str:
+    """summary.json in ``out_dir`` (atomic; a typed Summary or its dict)."""
     path = os.path.join(out_dir, SUMMARY_FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(to_jsonable(summary), f, indent=2, allow_nan=False)
-    os.replace(tmp, path)
+    write_json(path, to_jsonable(summary), indent=2, allow_nan=False)
     return path
 
 
-def _fin(x) -> bool:
-    return x is not None and isinstance(x, (int, float, np.floating)) and math.isfinite(x)
-
-
-def _or_none(x):
-    return float(x) if _fin(x) else None
+_fin = is_number
+_or_none = or_none
 
 
 def _ci(x, level):
@@ -378,10 +355,12 @@ def best_sets(configs: dict, creps: dict, level: float) -> dict[str, list[str]]:
 
 
 def critical_training_batch(configs: dict, ref: dict, tolerance: float) -> dict:
-    """Largest B such that every measured B' <= B (reference's algo and lr rule) has the
-    upper end of r_N's interval <= 1 + tolerance; and the smallest B where a sample cost is
-    detected (lower end > 1 + tolerance, or the target not reached within a budget that
-    already exceeds (1 + tolerance) x N0*). Configs with the reference's gen_batch_ratio."""
+    """Largest B above the reference's B0 such that every measured B0 < B' <= B (reference's
+    algo and lr rule) has the upper end of r_N's interval <= 1 + tolerance (None when the
+    first batch above B0 fails: B0 itself passes by construction, r_N = 1, and says nothing);
+    and the smallest B > B0 where a sample cost is detected (lower end > 1 + tolerance, or the
+    target not reached within a budget that already exceeds (1 + tolerance) x N0*). Configs
+    with the reference's gen_batch_ratio."""
     algo, rule, k = ref["algo"], ref["lr_rule"], ref.get("gen_batch_ratio", 1)
     # The reference's rollout only: partial rollout changes learning per response (stale
     # tokens), and is compared with its synchronous twin in `partial_rollout` instead.
@@ -395,7 +374,10 @@ def critical_training_batch(configs: dict, ref: dict, tolerance: float) -> dict:
     ok_upto, detected = None, None
     lim = 1 + tolerance
     chain = True
+    b0 = ref.get("batch") or 0
     for b in sorted(by_b):
+        if b <= b0:
+            continue
         oks = []
         for g, st in by_b[b]:
             hi = st.get("r_N_ci", [None, None])[1]
@@ -410,7 +392,7 @@ def critical_training_batch(configs: dict, ref: dict, tolerance: float) -> dict:
         if chain:
             ok_upto = b
     return {"batch": ok_upto, "cost_detected_at": detected, "tolerance": tolerance,
-            "lr_rule": rule, "algo": algo,
+            "lr_rule": rule, "algo": algo, "above_batch": b0 or None,
             "points": [{"config": g, "batch": b, "r_N": st.get("r_N"),
                         "r_N_ci": st.get("r_N_ci"), "reached": st["reached"]}
                        for b, g, st in pts]}
@@ -763,6 +745,7 @@ def analyze_runs(runs: Sequence[Run], target: Any = "auto", reference: str | Non
     partial = partial_rollout(configs, creps, groups, reps, rng, ci_level)
     p = per_algo[primary]
     cgb = p["critical_generation_batch"]
+    found = findings.source_findings(per_algo, configs, creps, ci_level, tolerance, primary, cgb)
     return {
         "ci_level": ci_level,
         "target": p["target"],
@@ -788,6 +771,7 @@ def analyze_runs(runs: Sequence[Run], target: Any = "auto", reference: str | Non
         "critical_generation_batch": cgb,
         "grad_norm": p["grad_norm"],
         "partial_rollout": partial,
+        "findings": [f.to_json() for f in found],
         "tolerance": tolerance,
         "n_boot": n_boot,
         "skipped": list(skipped),

@@ -18,6 +18,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from jaxrl_scale.numbers import is_number
+
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
 
@@ -58,15 +60,13 @@ class Run:
     def train_series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         """(responses, values) of training records that carry a finite ``key``."""
         pts = [(r["responses"], r[key]) for r in self.train
-                if _is_num(r.get(key)) and _is_num(r.get("responses"))]
+                if is_number(r.get(key)) and is_number(r.get("responses"))]
         if not pts:
             return np.zeros(0), np.zeros(0)
         a = np.array(pts, dtype=float)
         return a[:, 0], a[:, 1]
 
 
-def _is_num(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -120,12 +120,12 @@ def lr_rule_from_name(name: str) -> str | None:
 def batch_from_config(config: dict) -> float | None:
     """Retained responses per update: ``batch_train``, else ``prompts_per_step * group_size``."""
     b = config_get(config, "batch_train", "train_batch", "B_train")
-    if _is_num(b) and b > 0:
+    if is_number(b) and b > 0:
         return float(b)
     p = config_get(config, "prompts_per_step", "num_prompts", "P")
     g = config_get(config, "group_size", "G")
-    if _is_num(p) and p > 0:
-        if _is_num(g) and g > 0:
+    if is_number(p) and p > 0:
+        if is_number(g) and g > 0:
             return float(p) * float(g)
         algo = config_get(config, "algo")
         if isinstance(algo, str) and algo.lower() == "ppo":
@@ -137,8 +137,8 @@ def gen_batch_ratio(config: dict, batch: float | None, batch_gen: float | None) 
     """k from config.json ``gen_batch_ratio``, else B_gen / B_train, else 1 (synchronous);
     an int when whole."""
     k = config_get(config, "gen_batch_ratio")
-    if not (_is_num(k) and k > 0):
-        k = batch_gen / batch if _is_num(batch_gen) and _is_num(batch) and batch > 0 else 1
+    if not (is_number(k) and k > 0):
+        k = batch_gen / batch if is_number(batch_gen) and is_number(batch) and batch > 0 else 1
     return int(round(k)) if abs(k - round(k)) < 1e-9 else float(k)
 
 
@@ -151,13 +151,13 @@ def batch_from_increments(train: list[dict]) -> float | None:
     rates = []
     for a, b in zip(train[:-1], train[1:]):
         dn = b.get("responses", np.nan) - a.get("responses", np.nan)
-        if not (_is_num(dn) and dn > 0):
+        if not (is_number(dn) and dn > 0):
             continue
         sa, sb = a.get("step"), b.get("step")
-        ds = (sb - sa) if (_is_num(sa) and _is_num(sb)) else 1
+        ds = (sb - sa) if (is_number(sa) and is_number(sb)) else 1
         if ds > 0:
             rates.append(dn / ds)
-    if not rates and len(train) == 1 and _is_num(train[0].get("step")) and train[0]["step"] > 0:
+    if not rates and len(train) == 1 and is_number(train[0].get("step")) and train[0]["step"] > 0:
         rates.append(train[0]["responses"] / train[0]["step"])
     return float(np.median(rates)) if rates else None
 
@@ -169,23 +169,23 @@ def make_run(name: str, records: Iterable[dict], config: dict | None = None,
     config = dict(config or {})
     records = [r for r in records if isinstance(r, dict)]
     warnings: list[str] = []
-    train = [r for r in records if "score" not in r and _is_num(r.get("responses"))
-                and _is_num(r.get("time_s"))]
+    train = [r for r in records if "score" not in r and is_number(r.get("responses"))
+                and is_number(r.get("time_s"))]
     if not train:
         # Some exporters put time on the eval rows too: use them rather than lose q.
-        train = [r for r in records if _is_num(r.get("responses")) and _is_num(r.get("time_s"))]
+        train = [r for r in records if is_number(r.get("responses")) and is_number(r.get("time_s"))]
     train.sort(key=lambda r: (r["responses"], r.get("step", 0)))
 
     evals = []
     steps_n = [(r["step"], r["responses"]) for r in records
-                if _is_num(r.get("step")) and _is_num(r.get("responses"))]
+                if is_number(r.get("step")) and is_number(r.get("responses"))]
     steps_n.sort()
     for r in records:
-        if not _is_num(r.get("score")):
+        if not is_number(r.get("score")):
             continue
         r = dict(r)
-        if not _is_num(r.get("responses")):
-            if _is_num(r.get("step")) and steps_n:
+        if not is_number(r.get("responses")):
+            if is_number(r.get("step")) and steps_n:
                 s, n = np.array(steps_n, dtype=float).T
                 r["responses"] = float(np.interp(r["step"], np.r_[0.0, s], np.r_[0.0, n]))
             else:
@@ -203,10 +203,10 @@ def make_run(name: str, records: Iterable[dict], config: dict | None = None,
         if b is not None:
             run.batch, run.batch_source = b, "increments"
     bg = config_get(config, "batch_gen", "B_gen")
-    if not _is_num(bg):
-        bgs = [r["batch_gen"] for r in train if _is_num(r.get("batch_gen"))]
+    if not is_number(bg):
+        bgs = [r["batch_gen"] for r in train if is_number(r.get("batch_gen"))]
         bg = float(np.median(bgs)) if bgs else None
-    run.batch_gen = float(bg) if _is_num(bg) else None
+    run.batch_gen = float(bg) if is_number(bg) else None
     run.gen_batch_ratio = gen_batch_ratio(config, run.batch, run.batch_gen)
 
     # Top level only: a nested "name" is usually the model's or the dataset's.
@@ -217,7 +217,7 @@ def make_run(name: str, records: Iterable[dict], config: dict | None = None,
     algo = config_get(config, "algo", "algorithm")
     run.algo = algo.lower() if isinstance(algo, str) else None
     seed = config_get(config, "seed")
-    run.seed = int(seed) if _is_num(seed) else seed_from_name(name)
+    run.seed = int(seed) if is_number(seed) else seed_from_name(name)
     run.group = _with_ratio(strip_seed(cname), run.gen_batch_ratio)
     return run
 

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from jaxrl_scale.numbers import Interval, fmt_ci, is_number, to_jsonable  # noqa: F401
 from jaxrl_scale.scaling import io as sio
 from jaxrl_scale.scaling import noise as snoise
 from jaxrl_scale.scaling import stats
@@ -52,9 +53,7 @@ class PlanError(ValueError):
         super().__init__(f"{field}: {problem}. Fix: {fix}.")
 
 
-def _fin(x) -> bool:
-    return isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool) \
-        and math.isfinite(x)
+_fin = is_number
 
 
 # ---------------------------------------------------------------------------------------------
@@ -429,19 +428,18 @@ METRICS = ("r_N", "r_q", "T_over_T0")
 
 
 def _inside(x, ci) -> bool | None:
+    """x inside the interval (a null end is unbounded); None without x or an interval."""
     if not (_fin(x) and ci and len(ci) == 2):
         return None
-    lo = ci[0] if ci[0] is not None else -math.inf
-    hi = ci[1] if ci[1] is not None else math.inf   # JSON null upper end: unbounded
-    return bool(lo <= x <= hi)
+    iv = Interval.of(ci)
+    return bool((iv.lo is None or iv.lo <= x) and (iv.hi is None or x <= iv.hi))
 
 
 def _overlap(a, b) -> bool | None:
+    """Do two intervals overlap (a null upper end is unbounded)? None without lower ends."""
     if not (a and b and len(a) == 2 and len(b) == 2) or a[0] is None or b[0] is None:
         return None
-    ahi = a[1] if a[1] is not None else math.inf
-    bhi = b[1] if b[1] is not None else math.inf
-    return bool(a[0] <= bhi and b[0] <= ahi)
+    return Interval.of(a).overlaps(Interval.of(b))
 
 
 def critic_schedule(batch: float, critic_batch: float) -> dict:
@@ -533,21 +531,8 @@ def recommendation_check(plan: dict, summary: dict, rows: list[dict]) -> dict:
             "recommended_in_best_set": rec["batch"] in best_batches if best_batches else None}
 
 
-def _fmt(x) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float) and math.isinf(x):
-        return "∞"
-    return f"{x:.3g}"
-
-
 def _fmt_ci(v, ci) -> str:
-    if v is None:
-        return "-"
-    if not ci:
-        return _fmt(v)
-    hi = "∞" if ci[1] is None else _fmt(ci[1])
-    return f"{_fmt(v)} [{_fmt(ci[0])}, {hi}]"
+    return fmt_ci(v, ci) if v is not None else "-"
 
 
 def format_compare(rows: list[dict]) -> str:
@@ -672,10 +657,3 @@ def sweep_runs(path: str) -> list[Run]:
     except FileNotFoundError:
         raise PlanError("step_times_from", f"{path!r} is not a directory", "pass a sweep "
                         "directory whose subdirectories are runs (or a study with logs/)") from None
-
-
-def to_jsonable(x: Any) -> Any:
-    """Plain JSON (numpy to Python; inf and NaN to null, as summary.json does: a null upper
-    end of an interval is unbounded)."""
-    from jaxrl_scale.scaling.analysis import to_jsonable as _tj
-    return _tj(x)

@@ -11,6 +11,7 @@ import os
 from typing import Callable
 
 import numpy as np
+from jaxrl_scale.numbers import write_json
 
 
 def write_synthetic_run(root: str, name: str, batch: int, n_star: float, q: float, *,
@@ -39,8 +40,7 @@ def write_synthetic_run(root: str, name: str, batch: int, n_star: float, q: floa
         cfg = {"name": name, "batch_train": batch, "lr_rule": lr_rule, "algo": algo,
                "seed": seed}
         cfg.update(extra_config or {})
-        with open(os.path.join(d, "config.json"), "w") as f:
-            json.dump(cfg, f)
+        write_json(os.path.join(d, "config.json"), cfg)
     with open(os.path.join(d, "metrics.jsonl"), "w") as f:
         t = 0.0
         if eval_n is not None or curve is not None:

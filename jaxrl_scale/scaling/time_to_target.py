@@ -9,14 +9,14 @@ A larger batch is faster iff r_q > r_N. The analysis with intervals, seeds and v
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from jaxrl_scale.numbers import is_number
 
 
-def _finite(x: Any) -> bool:
-    return x is not None and isinstance(x, (int, float, np.floating)) and math.isfinite(x)
+
 
 
 def n_star(responses: Sequence[float], scores: Sequence[float], target: float) -> float | None:
@@ -52,7 +52,7 @@ def time_at_many(train_records: Sequence[dict], n) -> np.ndarray:
     n = np.asarray(n, dtype=float)
     out = np.full(n.shape, np.nan)
     pts = sorted((float(r["responses"]), float(r["time_s"])) for r in train_records
-                 if _finite(r.get("responses")) and _finite(r.get("time_s")))
+                 if is_number(r.get("responses")) and is_number(r.get("time_s")))
     if not pts:
         return out
     nn, tt = np.array(pts).T

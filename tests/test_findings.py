@@ -1,0 +1,104 @@
+"""Findings as data (scaling/findings.py) from synthetic configs with a known answer, and from a
+synthetic sweep through the analysis: statuses asserted on the Finding values, never on text."""
+
+import numpy as np
+import pytest
+
+from jaxrl_scale.scaling import findings
+from jaxrl_scale.scaling.findings import Finding
+
+B0 = 128
+
+
+def _cfg(batch, *, G=8, rule="sqrt", verdict="indistinguishable", t=1.0, t_ci=(0.9, 1.1),
+         r_n=1.0, r_n_ci=(0.9, 1.1), r_q=1.0, ref=False, reached=True):
+    return {"algo": "grpo", "batch": batch, "group_size": G, "lr_rule": rule,
+            "gen_batch_ratio": 1, "reached": reached, "is_reference": ref,
+            "N_star": 1000.0 * r_n, "r_N": r_n, "r_N_ci": list(r_n_ci), "r_q": r_q,
+            "r_q_ci": [r_q * 0.95, r_q * 1.05], "T_over_T0": t, "T_over_T0_ci": list(t_ci),
+            "verdict": "reference" if ref else verdict}
+
+
+def _reps(ratio_lo, ratio_hi, n=400, seed=0):
+    """Replicates of N* whose ratio to 1000 spans about [ratio_lo, ratio_hi] (90%)."""
+    rng = np.random.default_rng(seed)
+    return {"N": 1000.0 * rng.uniform(ratio_lo, ratio_hi, n)}
+
+
+def _find(configs, creps=None, fid="larger_batch_faster"):
+    info = {"reference_config": "ref", "reference_reached": True, "grad_norm": {},
+            "critical_generation_batch": {}}
+    creps = creps or {g: {"N": np.full(400, st["N_star"])} for g, st in configs.items()}
+    fs = findings.source_findings({"grpo": info}, configs, creps, 0.9, 0.25, "grpo", {})
+    return findings.by_id(fs, fid, "grpo")
+
+
+def test_faster_config_at_the_reference_batch_does_not_reproduce_larger_batch_faster():
+    """G = 4 at B0 = 128 is faster; no config above B0 is: the finding is not reproduced
+    (the recorded sweep_default_issue16 read it as reproduced: the batch filter bug)."""
+    configs = {"ref": _cfg(B0, ref=True),
+               "P32G4": _cfg(B0, G=4, verdict="faster", t=0.74, t_ci=(0.64, 0.87)),
+               "P32G8": _cfg(256, verdict="slower", t=1.3, t_ci=(1.1, 1.5))}
+    f = _find(configs)
+    assert f.status == "not reproduced"
+    assert [x["config"] for x in f.numbers] == ["P32G8"]
+
+
+def test_faster_config_above_the_reference_batch_reproduces():
+    configs = {"ref": _cfg(B0, ref=True),
+               "P32G8": _cfg(256, verdict="faster", t=0.8, t_ci=(0.7, 0.9), r_q=1.3)}
+    f = _find(configs)
+    assert f.status == "reproduced" and f.numbers[0]["verdict"] == "faster"
+    assert "largest measured r_q above B0 is 1.3" in f.detail
+
+
+def test_equal_pg_alike_is_an_equivalence_test():
+    """Overlapping but wide intervals are not "alike"; a narrow ratio interval inside
+    [0.8, 1.25] is; a ratio interval excluding 1 is "differ"."""
+    configs = {"ref": _cfg(B0, ref=True), "P32G4": _cfg(B0, G=4)}
+    wide = {"ref": _reps(1, 1), "P32G4": _reps(0.6, 1.6)}
+    assert _find(configs, wide, "equal_PG_alike").status == "undetermined"
+    narrow = {"ref": _reps(1, 1), "P32G4": _reps(0.9, 1.1)}
+    f = _find(configs, narrow, "equal_PG_alike")
+    assert f.status == "reproduced" and f.numbers[0]["outcome"] == "alike"
+    far = {"ref": _reps(1, 1), "P32G4": _reps(0.5, 0.7)}
+    assert _find(configs, far, "equal_PG_alike").status == "not reproduced"
+
+
+def test_fixed_lr_lags_uses_the_ratio_interval():
+    configs = {"ref": _cfg(B0, ref=True), "s256": _cfg(256), "f256": _cfg(256, rule="fixed")}
+    lags = {"ref": _reps(1, 1), "s256": _reps(1, 1), "f256": _reps(1.2, 1.5)}
+    assert _find(configs, lags, "fixed_lr_lags").status == "reproduced"
+    fewer = {"ref": _reps(1, 1), "s256": _reps(1, 1), "f256": _reps(0.5, 0.8)}
+    assert _find(configs, fewer, "fixed_lr_lags").status == "not reproduced"
+    open_ = {"ref": _reps(1, 1), "s256": _reps(1, 1), "f256": _reps(0.8, 1.3)}
+    assert _find(configs, open_, "fixed_lr_lags").status == "undetermined"
+
+
+def test_sqrt_lr_invariance_counts_batches_above_b0():
+    configs = {"ref": _cfg(B0, ref=True), "s64": _cfg(64, r_n_ci=(0.5, 3.0)),
+               "s256": _cfg(256, r_n_ci=(0.9, 1.2))}
+    f = _find(configs, fid="sqrt_lr_invariance")
+    assert f.status == "reproduced" and [x["config"] for x in f.numbers] == ["s256"]
+
+
+def test_finding_round_trips_through_json():
+    f = Finding("grad_norm_slope", "reproduced", "c", "t", "d", "grpo",
+                ({"slope": -0.5, "slope_ci": [-0.6, -0.4]},))
+    assert Finding.from_json(f.to_json()) == f
+
+
+def test_critical_training_batch_is_defined_above_b0():
+    from jaxrl_scale.scaling.analysis import critical_training_batch
+    ref = {"algo": "grpo", "lr_rule": "sqrt", "batch": B0, "N_star": 1000.0,
+           "N_star_ci": [900.0, 1100.0]}
+    configs = {"ref": {**_cfg(B0, ref=True), "r_N_ci": [1.0, 1.0]},
+               "s256": _cfg(256, r_n_ci=(1.4, 1.9), r_n=1.6)}
+    ctb = critical_training_batch(configs, ref, 0.25)
+    assert ctb["batch"] is None and ctb["cost_detected_at"] == 256
+    configs["s256"] = _cfg(256, r_n_ci=(0.9, 1.2))
+    assert critical_training_batch(configs, ref, 0.25)["batch"] == 256
+
+
+if __name__ == "__main__":
+    pytest.main([__file__, "-q"])
