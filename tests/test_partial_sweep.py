@@ -9,7 +9,7 @@ import numpy as np
 
 from jaxrl_scale import scaling
 from jaxrl_scale.experiment import report
-from jaxrl_scale.scaling import analysis, io as sio
+from jaxrl_scale.scaling import analysis, step_cost, io as sio
 from jaxrl_scale.scaling.synthetic import write_synthetic_run
 from jaxrl_scale.scaling.throughput import step_costs
 
@@ -127,11 +127,11 @@ def test_generation_curve_uses_b_gen():
     runs = [_timed_run(f"s{b}", b, 1) for b in (64, 128, 256)] + \
         [_timed_run(f"k{b}", b, 2) for b in (64, 256)]
     costs = {r.name: step_costs(r) for r in runs}
-    m = analysis.step_time_model(runs, costs, 50, np.random.default_rng(0), 0.9, 0.1, 64)
+    m = step_cost.fit_runs(runs, costs, 50, np.random.default_rng(0), 0.9, 0.1, 64)
     assert m["batch_kind"] == "batch_gen" and m["gen_batch_ratios"] == [1, 2]
     assert abs(m["d0"] - D0) < 1e-9 and abs(m["d1"] - D1) < 1e-12
     tf = m["train_fit"]
-    assert abs(tf["c"] - 0.05) < 1e-9 and abs(tf["gamma"] - 2e-4) < 1e-12
+    assert abs(tf["overhead"] - 0.05) < 1e-9 and abs(tf["gamma"] - 2e-4) < 1e-12
     pts = {p["batch"]: p for p in m["points"]}
     assert sorted(pts) == [64, 128, 256, 512] and pts[128]["runs"] == 2
     assert abs(pts[512]["throughput"] - 512 / (D0 + D1 * 512)) < 1e-6
@@ -145,7 +145,7 @@ def test_b_gen_varied_only_by_k_decides_no_source_finding():
     from jaxrl_scale.scaling import findings
     runs = [_timed_run("s", 128, 1), _timed_run("k", 128, 2)]
     costs = {r.name: step_costs(r) for r in runs}
-    m = analysis.step_time_model(runs, costs, 50, np.random.default_rng(0), 0.9, 0.1, 128)
+    m = step_cost.fit_runs(runs, costs, 50, np.random.default_rng(0), 0.9, 0.1, 128)
     assert m["sync_batches"] == 1 and m["d0"] is not None
     status, _, text, _ = findings.sublinear_collection(m, {}, 0.9)
     assert status == "undetermined" and "gen_batch_ratio" in text

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxrl_scale.scaling import io as sio
-from jaxrl_scale.scaling import noise, planner
+from jaxrl_scale.scaling import noise, planner, step_cost
 from jaxrl_scale.scaling.synthetic import write_synthetic_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -178,25 +178,25 @@ def _analytic_t_over_t0(b):
 
 
 def test_predict_r_q_formula_with_async_ratio():
-    th = np.array([THETA[k] for k in planner.THETA_NAMES])
+    th = np.array([THETA[k] for k in step_cost.COLUMNS])
     b = np.array([64.0, 128.0, 512.0])
     for k in (1, 2):
         step = lambda x: (THETA["d0"] + THETA["d1"] * k * x) / k + THETA["overhead"] + \
             THETA["gamma"] * x
         want = (b / step(b)) / (B0 / step(B0))
-        np.testing.assert_allclose(planner.predict_r_q(th, b, B0, k), want, rtol=1e-12)
+        np.testing.assert_allclose(step_cost.r_q(th, b, B0, k), want, rtol=1e-12)
     reps = np.stack([th, th * 1.1])
-    assert planner.predict_r_q(reps, b, B0).shape == (2, 3)
-    np.testing.assert_allclose(planner.predict_r_q(reps, [B0], B0), 1.0)
+    assert step_cost.r_q(reps, b, B0).shape == (2, 3)
+    np.testing.assert_allclose(step_cost.r_q(reps, [B0], B0), 1.0)
 
 
 def test_planner_recommends_the_analytic_optimum(tmp_path):
     d, n_star = _write_probe(tmp_path)
     runs = planner.read_runs([d])
-    fit = planner.fit_step_times(_timings(), n_boot=200, seed=0)
-    for k in planner.THETA_NAMES:
+    fit = step_cost.fit_step_times(_timings(), n_boot=200, seed=0)
+    for k in step_cost.COLUMNS:
         assert fit[k] == pytest.approx(THETA[k], rel=1e-6)
-    out = planner.plan(runs, fit, CANDIDATES, target=0.5, n_boot=500, seed=0)
+    out = planner.batch_plan(runs, fit, CANDIDATES, target=0.5, n_boot=500, seed=0)
 
     assert out["n_star"] == pytest.approx(n_star)
     assert out["reference_batch"] == B0
@@ -311,15 +311,15 @@ def test_plan_cli_end_to_end_and_bad_input(tmp_path):
 
 def test_planner_bad_inputs_name_the_flag(tmp_path):
     d, _ = _write_probe(tmp_path, steps=40)
-    fit = planner.fit_step_times(_timings(), n_boot=50)
+    fit = step_cost.fit_step_times(_timings(), n_boot=50)
     probe = planner.read_runs([d])
     cases = [
         (lambda: planner.read_runs([str(tmp_path / "nope")]), "probe_run: "),
-        (lambda: planner.fit_step_times(_timings(batches=(128,)), n_boot=50), "timings_json: "),
-        (lambda: planner.plan(probe, fit, target=2.0), "target: "),
-        (lambda: planner.plan(probe, fit, who="critic"), "probe_run: "),
-        (lambda: planner.plan(probe, fit, n_star=1e9), "n_star: "),
-        (lambda: planner.plan(probe, fit, [64, -1]), "batches: "),
+        (lambda: step_cost.fit_step_times(_timings(batches=(128,)), n_boot=50), "timings_json: "),
+        (lambda: planner.batch_plan(probe, fit, target=2.0), "target: "),
+        (lambda: planner.batch_plan(probe, fit, who="critic"), "probe_run: "),
+        (lambda: planner.batch_plan(probe, fit, n_star=1e9), "n_star: "),
+        (lambda: planner.batch_plan(probe, fit, [64, -1]), "batches: "),
     ]
     for fn, start in cases:
         with pytest.raises(planner.PlanError) as e:

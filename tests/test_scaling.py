@@ -9,8 +9,8 @@ import pytest
 from jaxrl_scale import scaling
 from jaxrl_scale.scaling import io as sio, time_to_target as ttt
 from jaxrl_scale.scaling.synthetic import write_synthetic_run
-from jaxrl_scale.scaling.throughput import (critical_generation_batch, fit_linear_time,
-                                            throughput_gains)
+from jaxrl_scale.scaling.step_cost import fit_linear_time
+from jaxrl_scale.scaling.throughput import critical_generation_batch, throughput_gains
 
 TARGET = 0.5
 

@@ -7,8 +7,9 @@ import pytest
 from jaxrl_scale import bench
 from jaxrl_scale.models.config import ModelConfig, get_config
 from jaxrl_scale.scaling import roofline
-from jaxrl_scale.scaling.throughput import (FIT_COLUMNS, fit_step_times, predict_r_q,
-                                            step_seconds_model)
+from jaxrl_scale.scaling.step_cost import COLUMNS as FIT_COLUMNS
+from jaxrl_scale.scaling.step_cost import fit_step_times, predict_r_q
+from jaxrl_scale.scaling.step_cost import step_seconds as step_seconds_model
 
 # A Llama-2-7B-shaped decoder (no GQA), weights and compute in bf16.
 LLAMA7B = ModelConfig(vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32,

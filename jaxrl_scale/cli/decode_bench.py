@@ -33,7 +33,8 @@ from jaxrl_scale.cli import run_main
 from jaxrl_scale import bench
 from jaxrl_scale.models import get_config, init_params
 from jaxrl_scale.sampling import decode, generate
-from jaxrl_scale.scaling.throughput import critical_generation_batch, fit_linear_time
+from jaxrl_scale.scaling.step_cost import fit_linear_time
+from jaxrl_scale.scaling.throughput import critical_generation_batch
 from jaxrl_scale.numbers import write_json
 
 FLAGS = flags.FLAGS

@@ -26,6 +26,7 @@ from absl import flags
 
 from jaxrl_scale.cli import one_line_errors, quiet_logging, run_main
 from jaxrl_scale.numbers import fmt_ci, to_jsonable, write_json
+from jaxrl_scale.scaling import step_cost
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("probe_run", [], "Run dir(s) at the reference batch B0 (config.json + "
@@ -82,7 +83,7 @@ def _numbers(name: str, values) -> list[float]:
 
 
 def _fit(runs) -> dict:
-    """The step-time fit from the one throughput source given (scaling.planner.fit_step_times
+    """The step-time fit from the one throughput source given (scaling.step_cost.fit_step_times
     on timing entries, or the roofline's fit), with "timings_source" saying which."""
     from jaxrl_scale.experiment.config import ConfigError
     from jaxrl_scale.scaling import planner
@@ -121,7 +122,7 @@ def _fit(runs) -> dict:
         timings = time_batches(TrainConfig.from_json(runs[0].config), batches,
                                warmup=FLAGS.timing_warmup, steps=FLAGS.timing_steps or 3)
         what = f"timing pass at {batches} on {runs[0].path}'s config"
-    fit = planner.fit_step_times(timings, n_boot=FLAGS.n_boot, seed=FLAGS.seed)
+    fit = step_cost.fit_step_times(timings, n_boot=FLAGS.n_boot, seed=FLAGS.seed)
     fit["timings_source"] = what
     return fit
 
@@ -211,7 +212,7 @@ def _plan() -> None:
                               "(a run at the reference batch)")
         runs = planner.read_runs(FLAGS.probe_run)
         fit = _fit(runs)
-        result = planner.plan(
+        result = planner.batch_plan(
             runs, fit, _numbers("batches", FLAGS.batches) or None, who=FLAGS.noise_of,
             n_star=FLAGS.n_star, target=FLAGS.target, half_width=FLAGS.window,
             gen_batch_ratio=FLAGS.gen_batch_ratio, n_boot=FLAGS.n_boot,

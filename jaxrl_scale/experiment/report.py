@@ -724,13 +724,13 @@ def _table_verdict(summary: dict, g: str, st: dict) -> str:
 
 def format_table(summary: dict, per_run: bool = False) -> str:
     """Markdown table per config (seeds reached/total, B, lr rule, N*, q, r_N, r_q, T/T0 with
-    intervals, verdict, clip fraction, actor B_simple), or per run."""
+    intervals, verdict, share of updates whose grad norm was clipped, actor B_simple), or per run."""
     multi = _multi(summary)
     a_col = "algo | " if multi else ""
     lines = []
     if per_run:
         lines.append(f"| run | {a_col}seed | B | lr rule | reached | N* | q (resp/s) | r_N | r_q "
-                     "| T/T0 | max score | clip fraction |")
+                     "| T/T0 | max score | clipped updates |")
         lines.append("|" + "---|" * (12 + multi))
         items = sorted((summary.get("runs") or {}).items(),
                        key=lambda kv: (kv[1].get("algo") or "", kv[1].get("batch") or math.inf,
@@ -744,10 +744,10 @@ def format_table(summary: dict, per_run: bool = False) -> str:
                 f"{fmt_ci(x.get('N_star'), x.get('N_star_ci'))} | "
                 f"{fmt_ci(x.get('q'), x.get('q_ci'))} | {fmt(x.get('r_N'))} | "
                 f"{fmt(x.get('r_q'))} | {fmt(x.get('T_over_T0'))} | {fmt(x.get('max_score'))} | "
-                f"{fmt(x.get('clip_fraction'))} |")
+                f"{fmt(x.get('clipped_update_fraction'))} |")
         return "\n".join(lines)
     lines.append(f"| config | {a_col}seeds reached | B | lr rule | N* | q (resp/s) | r_N | r_q | "
-                 "T/T0 | verdict | clip fraction | B_simple (actor) |")
+                 "T/T0 | verdict | clipped updates | B_simple (actor) |")
     lines.append("|" + "---|" * (12 + multi))
     for g, st in _sorted_configs(summary):
         a = f"{_algo_of(st)} | " if multi else ""
@@ -766,7 +766,7 @@ def format_table(summary: dict, per_run: bool = False) -> str:
             f"{fmt_ci(st.get('q'), st.get('q_ci'))} | {fmt_ci(st.get('r_N'), st.get('r_N_ci'))} | "
             f"{fmt_ci(st.get('r_q'), st.get('r_q_ci'))} | "
             f"{fmt_ci(st.get('T_over_T0'), st.get('T_over_T0_ci'))} | "
-            f"{_table_verdict(summary, g, st)} | {fmt(st.get('clip_fraction'))} | "
+            f"{_table_verdict(summary, g, st)} | {fmt(st.get('clipped_update_fraction'))} | "
             f"{bs_txt} |")
     return "\n".join(lines)
 

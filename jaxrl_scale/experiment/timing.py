@@ -4,7 +4,7 @@ SCIENCE.md section 4 picks the batch by maximising q / r_N within memory limits;
 the rollout and update seconds per step at each candidate B, which only the real loop gives
 (sampler, engine, rewards, packing and the jitted update all included). Nothing is learned
 here: a few `Run.train_step` calls per batch, no eval, no checkpoints, nothing written to a
-run directory. `scaling.throughput.fit_step_times` fits the result and `predict_r_q` turns
+run directory. `scaling.step_cost.fit_step_times` fits the result and `predict_r_q` turns
 it into r_q at any batch.
 
 Scheduling (why interleaved): a shared machine's speed drifts over minutes. Timing batch 64

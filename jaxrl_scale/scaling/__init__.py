@@ -48,9 +48,9 @@ from jaxrl_scale.scaling.stats import (
     noise_from_curve,
     quantile_ci,
 )
+from jaxrl_scale.scaling.step_cost import fit_linear_time
 from jaxrl_scale.scaling.throughput import (
     critical_generation_batch,
-    fit_linear_time,
     step_costs,
     throughput_gains,
 )

@@ -25,6 +25,7 @@ from jaxrl_scale.scaling import findings
 from jaxrl_scale.scaling import io as sio
 from jaxrl_scale.scaling import noise as snoise
 from jaxrl_scale.scaling import stats
+from jaxrl_scale.scaling import step_cost
 from jaxrl_scale.scaling import time_to_target as ttt
 from jaxrl_scale.scaling.io import Run
 from jaxrl_scale.scaling.throughput import step_costs
@@ -398,84 +399,6 @@ def critical_training_batch(configs: dict, ref: dict, tolerance: float) -> dict:
                        for b, g, st in pts]}
 
 
-def gen_seconds(run: Run, cost: dict) -> float | None:
-    """Seconds to generate B_gen responses with B_gen in flight: the collection time per update
-    times B_gen / responses generated per update. Synchronous rollout generates B_gen = B_train
-    per update (factor 1); partial rollout keeps k * B_train in flight but harvests about
-    B_train per update, so an update's collection is about 1/k of one t_gen(B_gen)."""
-    t, b_gen, made = cost["collection_s_per_step"], run.batch_gen or run.batch, \
-        cost.get("generated_per_step")
-    if not (_fin(t) and t > 0 and b_gen):
-        return None
-    return t * b_gen / made if _fin(made) and made > 0 else t
-
-
-def step_time_model(runs: Sequence[Run], costs: dict, n_boot: int, rng, level: float,
-                    min_gain: float, ref_batch: float | None) -> dict:
-    """Fits t_gen = d0 + d1 * B_gen (`gen_seconds`: synchronous and partial-rollout runs
-    share one curve) and t_train = c + gamma * B_train over the runs (per-run median step
-    times), intervals by resampling runs. Critical generation batch: beyond it a doubling
-    of B_gen gains < min_gain generation throughput, B = (1 - g) d0 / (2 g d1). r_q cap: the
-    most a larger batch can gain in end-to-end throughput over ``ref_batch`` under both fits."""
-    rows = [(r.batch_gen or r.batch, gen_seconds(r, costs[r.name]),
-             costs[r.name].get("train_s_per_step"), r.batch or r.batch_gen, r.name)
-            for r in runs if gen_seconds(r, costs[r.name])]
-    out = {"batch": None, "d0": None, "d1": None, "min_gain": min_gain,
-           "metric": "gen_s" if any(costs[r.name]["collection_source"] == "gen_s" for r in runs)
-           else "step time",
-           "batch_kind": "batch_gen" if any(r.batch_gen for r in runs) else "batch_train",
-           "gen_batch_ratios": sorted({r.gen_batch_ratio for r in runs}),
-           # distinct B_gen of synchronous runs: with < 2, B_gen varies only through k, and
-           # the fit compares slot-engine rounds with synchronous ones (not one curve's points)
-           "sync_batches": len({r.batch_gen or r.batch for r in runs
-                                if r.gen_batch_ratio == 1 and gen_seconds(r, costs[r.name])}),
-           "points": []}
-    if not rows:
-        return out
-    b, tg, tt, bt, names = zip(*rows)
-    b, tg, bt = np.array(b, float), np.array(tg, float), np.array(bt, float)
-    by_b = collections.defaultdict(list)
-    for bi, ti in zip(b, tg):
-        by_b[bi].append(bi / ti)
-    out["points"] = [{"batch": bb, "throughput": float(np.median(v)),
-                      "throughput_range": [float(min(v)), float(max(v))], "runs": len(v)}
-                     for bb, v in sorted(by_b.items())]
-    if np.unique(b).size < 2:
-        return out
-    d0, d1 = stats.fit_line(b, tg)
-    boot = stats.bootstrap_line(b, tg, names, n_boot, rng)
-    k = (1 - min_gain) / (2 * min_gain)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cgb_b = np.where((boot[:, 1] > 0) & (boot[:, 0] > 0), k * boot[:, 0] / boot[:, 1],
-                         np.where(boot[:, 1] > 0, 0.0, np.inf))
-    cgb_b[np.isnan(boot[:, 1])] = np.nan   # a resample with one batch fits no line
-    cgb = k * d0 / d1 if d1 > 0 and d0 > 0 else (0.0 if d1 > 0 else math.inf)
-    out.update(d0=d0, d1=d1, d0_ci=_ci(boot[:, 0], level), d1_ci=_ci(boot[:, 1], level),
-               batch=_or_none(cgb), batch_ci=_ci(cgb_b, level),
-               within_grid=bool(_fin(cgb) and b.min() <= cgb <= b.max()),
-               rule=f"B_gen beyond which a doubling adds < {min_gain:.0%} throughput: "
-                    f"(1 - g) d0 / (2 g d1)")
-    tt = np.array([x if _fin(x) else np.nan for x in tt], float)
-    ok = np.isfinite(tt)
-    if np.unique(bt[ok]).size >= 2:   # the update sees B_train responses, whatever B_gen
-        c, gamma = stats.fit_line(bt[ok], tt[ok])
-        tboot = stats.bootstrap_line(bt[ok], tt[ok], np.array(names)[ok], n_boot, rng)
-        train = {"c": c, "gamma": gamma, "c_ci": _ci(tboot[:, 0], level),
-                 "gamma_ci": _ci(tboot[:, 1], level)}
-        if ref_batch:
-            def cap(d0_, d1_, c_, g_):
-                per_resp = d1_ + g_
-                return (d0_ + c_ + per_resp * ref_batch) / ref_batch / per_resp
-            train["r_q_cap"] = _or_none(cap(d0, d1, c, gamma))
-            with np.errstate(divide="ignore", invalid="ignore"):
-                caps = cap(boot[:, 0], boot[:, 1], tboot[:, 0], tboot[:, 1])
-            train["r_q_cap_ci"] = _ci(caps, level)
-            share = gamma * ref_batch / (d0 + d1 * ref_batch + c + gamma * ref_batch)
-            train["update_share_at_reference"] = _or_none(share)
-        out["train_fit"] = train
-    return out
-
-
 def grad_norm_slopes(runs: Sequence[Run], configs: dict, ref: dict, n_boot: int, rng,
                      level: float, flat_slope: float) -> dict:
     """log-log slope of the median actor / critic grad norm vs batch (reference's algo and lr
@@ -612,7 +535,7 @@ def partial_rollout(configs: dict, creps: dict, groups: dict, reps: dict, rng,
     return rows
 
 
-def clip_fraction(run: Run) -> float | None:
+def clipped_update_fraction(run: Run) -> float | None:
     """Share of updates whose pre-clip actor grad norm exceeded max_grad_norm."""
     lim = sio.config_get(run.config, "max_grad_norm")
     _, v = run.train_series("actor_grad_norm")
@@ -673,7 +596,7 @@ def analyze_runs(runs: Sequence[Run], target: Any = "auto", reference: str | Non
         per_run[r.name].update(group=r.group, seed=r.seed, lr_rule=r.lr_rule, algo=r.algo,
                                batch_source=r.batch_source, batch_gen=r.batch_gen,
                                gen_batch_ratio=r.gen_batch_ratio,
-                               target=t, clip_fraction=clip_fraction(r))
+                               target=t, clipped_update_fraction=clipped_update_fraction(r))
     configs, creps = config_stats(groups, per_run, reps, refs, rng, ci_level)
     costs = {r.name: step_costs(r) for r in runs}
     for g, rs in groups.items():
@@ -682,8 +605,8 @@ def analyze_runs(runs: Sequence[Run], target: Any = "auto", reference: str | Non
         for k in ("collection_s_per_step", "train_s_per_step", "gen_throughput"):
             v = [costs[r.name][k] for r in rs if _fin(costs[r.name][k])]
             st[k] = float(np.mean(v)) if v else None
-        cf = [per_run[r.name]["clip_fraction"] for r in rs if _fin(per_run[r.name]["clip_fraction"])]
-        st["clip_fraction"] = float(np.mean(cf)) if cf else None
+        cf = [per_run[r.name]["clipped_update_fraction"] for r in rs if _fin(per_run[r.name]["clipped_update_fraction"])]
+        st["clipped_update_fraction"] = float(np.mean(cf)) if cf else None
         st.update(rollout_means(rs))
         for who in ("actor", "critic"):
             ns = [snoise.noise_scale_from_run(r, who) for r in rs]
@@ -737,7 +660,7 @@ def analyze_runs(runs: Sequence[Run], target: Any = "auto", reference: str | Non
                                           flat_slope),
             "best_set": best.get(algo, []),
             # Step costs differ by algorithm (PPO also runs a critic): one fit each.
-            "critical_generation_batch": step_time_model(
+            "critical_generation_batch": step_cost.fit_runs(
                 [r for r in runs if (r.algo or "?") == algo], costs, n_boot, rng, ci_level,
                 min_gain, ref.get("batch")),
         }

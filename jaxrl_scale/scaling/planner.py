@@ -34,23 +34,14 @@ from jaxrl_scale.numbers import Interval, fmt_ci, is_number, to_jsonable  # noqa
 from jaxrl_scale.scaling import io as sio
 from jaxrl_scale.scaling import noise as snoise
 from jaxrl_scale.scaling import stats
+from jaxrl_scale.scaling import step_cost
+from jaxrl_scale.scaling.step_cost import PlanError  # noqa: F401  (raised here too)
 from jaxrl_scale.scaling.io import Run
 
 NETWORKS = ("actor", "critic")
-THETA_NAMES = ("d0", "d1", "gamma", "overhead")   # column order of every theta_R4 / "boot"
 RANGE_RULE = ("B is in the range when the lower end of the ci_level interval of the paired "
               "bootstrap ratio [T/T0](B) / [T/T0](B_best) is <= 1 (not shown slower than the "
               "batch with the smallest predicted T/T0)")
-
-
-class PlanError(ValueError):
-    """A bad planner input; str() is `<field>: <problem>. Fix: <fix>.` like
-    `experiment.config.ConfigError` (the command turns it into one; this module stays free of
-    JAX, which that module imports)."""
-
-    def __init__(self, field: str, problem: str, fix: str):
-        self.field, self.problem, self.fix = field, problem, fix
-        super().__init__(f"{field}: {problem}. Fix: {fix}.")
 
 
 _fin = is_number
@@ -92,97 +83,6 @@ def like_probe(runs: Sequence[Run], probe: Run) -> tuple[list[Run], str]:
     keep = [r for r in runs if r.algo == probe.algo and r.gen_batch_ratio == probe.gen_batch_ratio
             and sio.config_get(r.config, "group_size", "G") == g]
     return keep, f"algo={probe.algo}, k={probe.gen_batch_ratio:g}, G={g}"
-
-
-def _check_timings(timings: Sequence[dict]) -> None:
-    if not isinstance(timings, (list, tuple)) or not timings:
-        raise PlanError("timings_json", "no timing entries", "give a list of {\"batch\", "
-                        "\"batch_gen\", \"gen_s\": [...], \"train_s\": [...]} (time_batches' "
-                        "output)")
-    for i, e in enumerate(timings):
-        ok = (isinstance(e, dict) and _fin(e.get("batch")) and e["batch"] > 0
-              and all(isinstance(e.get(k), (list, tuple)) and e[k]
-                      and all(_fin(x) and x >= 0 for x in e[k]) for k in ("gen_s", "train_s"))
-              and len(e["gen_s"]) == len(e["train_s"]))
-        if not ok:
-            raise PlanError("timings_json", f"entry {i} is not {{\"batch\" > 0, \"gen_s\": "
-                            "[seconds...], \"train_s\": [as many seconds]}}: "
-                            f"{str(e)[:120]}", "time at least two batches, a few steps each")
-    if len({float(e["batch"]) for e in timings}) < 2:
-        raise PlanError("timings_json", "the step-time fit needs at least two distinct batches, "
-                        f"got {sorted({e['batch'] for e in timings})}",
-                        "time two or more batches (e.g. --time_batches=64,128,256)")
-
-
-def _batch_means(timings) -> np.ndarray:
-    """[entries, 4]: batch, batch_gen, mean t_gen(B_gen) (gen_s per update times k, as
-    `throughput.fit_step_times` reads it), mean t_train(B)."""
-    rows = []
-    for e in timings:
-        b = float(e["batch"])
-        bg = float(e.get("batch_gen") or b)
-        rows.append((b, bg, np.mean(e["gen_s"]) * bg / b, np.mean(e["train_s"])))
-    return np.array(rows, float)
-
-
-def fit_step_times(timings: Sequence[dict], n_boot: int = 1000, seed: int = 0) -> dict:
-    """`throughput.fit_step_times` (least squares over every timed step, bootstrap over steps
-    within each batch) after checking the entries; keeps them under "timings" for
-    `fit_check` (not written to the plan JSON)."""
-    from jaxrl_scale.scaling.throughput import fit_step_times as fit
-    _check_timings(timings)
-    out = dict(fit(list(timings), n_boot=n_boot, seed=seed))
-    out["source"] = "jaxrl_scale.scaling.throughput.fit_step_times"
-    out["timings"] = list(timings)
-    return out
-
-
-def fit_check(timings: Sequence[dict], theta, batch0: float) -> list[dict]:
-    """Per timed batch: measured mean seconds per update (collection + update), the fitted
-    lines' step_seconds, their relative error, and r_q straight from the measured step times
-    (where B0 was timed): shows how much of an r_q miss is the linear model's."""
-    rows = _batch_means(timings)
-    out, q0 = [], None
-    meas = {float(b): g * b / bg + t for b, bg, g, t in rows}   # per-update seconds as timed
-    k_of = {float(b): bg / b for b, bg, _, _ in rows}
-    if float(batch0) in meas:
-        q0 = batch0 / meas[float(batch0)]
-    for b in sorted(meas):
-        fitted = float(step_seconds(theta, [b], k_of[b])[0])
-        out.append({"batch": b, "step_s": meas[b], "step_s_fit": fitted,
-                    "rel_err": fitted / meas[b] - 1.0,
-                    "r_q_timed": (b / meas[b]) / q0 if q0 else None})
-    return out
-
-
-def theta_of_fit(fit: dict) -> np.ndarray:
-    """(d0, d1, gamma, overhead) of a fit dict."""
-    try:
-        theta = np.array([float(fit[k]) for k in THETA_NAMES])
-    except (KeyError, TypeError, ValueError):
-        raise PlanError("timings_json", f"the step-time fit lacks one of {THETA_NAMES}: "
-                        f"{sorted(fit)}", "pass fit_step_times' output") from None
-    return theta
-
-
-def step_seconds(theta, batches, gen_batch_ratio: float = 1) -> np.ndarray:
-    """`throughput.step_seconds_model` (t_gen(k B) / k + t_train(B), SCIENCE.md section 3) for
-    theta [..., 4] (d0, d1, gamma, overhead) and batches [C]: [..., C]; NaN where the fitted
-    lines give a step time <= 0 (outside where the fit means anything)."""
-    from jaxrl_scale.scaling.throughput import step_seconds_model
-    t = step_seconds_model(np.asarray(theta, float), np.asarray(batches, float),
-                           gen_batch_ratio)
-    return np.where(t > 0, t, np.nan)
-
-
-def predict_r_q(theta, batches, batch0: float, gen_batch_ratio: float = 1) -> np.ndarray:
-    """r_q(B) = q(B) / q(B0) with q(B) = B / step_seconds(B) (SCIENCE.md sections 1, 3):
-    [..., C] for theta [..., 4]. `throughput.predict_r_q` computes the same from a fit dict; this
-    one takes raw parameter replicates, so the planner can pair them with B_simple's."""
-    b = np.asarray(batches, float)
-    q = b / step_seconds(theta, b, gen_batch_ratio)
-    q0 = batch0 / step_seconds(theta, [batch0], gen_batch_ratio)[..., 0]
-    return q / q0[..., None]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,10 +165,10 @@ def predict(batches: Sequence[float], batch0: float, b_crit: float, b_crit_R, th
     th_R4 = _pair(np.asarray(theta_R4, float).reshape(-1, 4), bc_R.size,
                   np.random.default_rng(seed))
     r_n = np.asarray(snoise.predicted_r_n(b_C, batch0, b_crit), float) * np.ones_like(b_C)
-    r_q = predict_r_q(theta_4, b_C, batch0, gen_batch_ratio)
+    r_q = step_cost.r_q(theta_4, b_C, batch0, gen_batch_ratio)
     with np.errstate(invalid="ignore"):
         r_n_RC = np.asarray(snoise.predicted_r_n(b_C[None, :], batch0, bc_R[:, None]), float)
-        r_q_RC = predict_r_q(th_R4, b_C, batch0, gen_batch_ratio)
+        r_q_RC = step_cost.r_q(th_R4, b_C, batch0, gen_batch_ratio)
         t_RC = r_n_RC / r_q_RC
     rows = []
     for c, b in enumerate(b_C):
@@ -315,7 +215,7 @@ def _probe_batch(runs: Sequence[Run]) -> float:
     return float(bs[0])
 
 
-def plan(runs: Sequence[Run], fit: dict, batches: Sequence[float] | None = None, *,
+def batch_plan(runs: Sequence[Run], fit: dict, batches: Sequence[float] | None = None, *,
          who: str = "actor", n_star: float | None = None, target: float | None = None,
          half_width: float = 0.5, gen_batch_ratio: float | None = None, n_boot: int = 1000,
          block: int | None = None, n_windows: int = 8, level: float = stats.CI_LEVEL,
@@ -348,7 +248,7 @@ def plan(runs: Sequence[Run], fit: dict, batches: Sequence[float] | None = None,
     if not (_fin(k) and k >= 1):
         raise PlanError("gen_batch_ratio", f"must be >= 1, got {k}", "1 = synchronous rollout")
 
-    theta = theta_of_fit(fit)
+    theta = step_cost.theta_of_fit(fit)
     theta_R4 = np.asarray(fit.get("boot", np.zeros((0, 4))), float).reshape(-1, 4)
     if theta_R4.shape[0] == 0:   # e.g. a roofline fit: no throughput uncertainty
         theta_R4 = theta[None, :]
@@ -400,7 +300,7 @@ def plan(runs: Sequence[Run], fit: dict, batches: Sequence[float] | None = None,
         "critic_schedule": critic_schedule(main["recommended"]["batch"],
                                            by_net["critic"]["recommended"]["batch"])
         if "critic" in by_net else None,
-        "throughput": dict(_fit_json(fit), check=fit_check(fit["timings"], theta, b0)
+        "throughput": dict(_fit_json(fit), check=step_cost.fit_check(fit["timings"], theta, b0)
                            if fit.get("timings") else None),
         "warnings": warnings,
     }

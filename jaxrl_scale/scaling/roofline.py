@@ -220,14 +220,14 @@ def roofline_fit(model_cfg: ModelConfig, chip: str | dict, batches: Sequence[int
                  prompt_len: int, response_lens, dtype: str = "bfloat16", count: int = 1,
                  **kw) -> dict:
     """The section-3 cost model fitted to roofline predictions at `batches`, in the shape of
-    `throughput.fit_step_times` (no bootstrap: "boot" is empty, so predict_r_q gives NaN
+    `step_cost.fit_step_times` (no bootstrap: "boot" is empty, so predict_r_q gives NaN
     intervals), so a planner can rank batches on a chip that is not present.
 
     t_gen(B) = rollout_s (prefill + decode of B sequences), t_train(B) = update_s. The roofline
     is piecewise linear (memory-bound, then compute-bound), so the straight line is exact only
     within one regime; "rollout_s" / "update_s" per batch are returned for the exact values.
     """
-    from jaxrl_scale.scaling.throughput import fit_linear_time
+    from jaxrl_scale.scaling.step_cost import fit_linear_time
     preds = [predict_step_times(model_cfg, chip, int(b), prompt_len, response_lens, dtype,
                                 count, **kw) for b in batches]
     gen = [p["rollout_s"] for p in preds]

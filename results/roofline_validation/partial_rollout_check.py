@@ -1,4 +1,4 @@
-"""Check of the rollout-ratio term t_gen(k B) / k (throughput.step_seconds_model) on this CPU.
+"""Check of the rollout-ratio term t_gen(k B) / k (step_cost.step_seconds) on this CPU.
 
 `generate` (k = 1) and the slot engine (k > 1) are different engines with different cost
 curves, so the k = 2 rollout times of timing_pass_rl_cpu.json are compared with the *same
@@ -17,7 +17,7 @@ import numpy as np
 
 from jaxrl_scale.experiment.config import TrainConfig
 from jaxrl_scale.experiment.timing import time_batches
-from jaxrl_scale.scaling.throughput import fit_step_times
+from jaxrl_scale.scaling.step_cost import fit_step_times
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

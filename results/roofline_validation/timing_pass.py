@@ -16,7 +16,7 @@ import numpy as np
 
 from jaxrl_scale.experiment.config import TrainConfig
 from jaxrl_scale.experiment.timing import time_batches
-from jaxrl_scale.scaling.throughput import FIT_COLUMNS, fit_step_times, predict_r_q
+from jaxrl_scale.scaling.step_cost import COLUMNS as FIT_COLUMNS, fit_step_times, predict_r_q
 
 BATCHES, BATCHES_K2 = [64, 128, 256, 512], [64, 128, 256]
 WARMUP, STEPS = 2, 8
