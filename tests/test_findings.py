@@ -102,3 +102,33 @@ def test_critical_training_batch_is_defined_above_b0():
 
 if __name__ == "__main__":
     pytest.main([__file__, "-q"])
+
+
+def test_summary_round_trips_and_recorded_summaries_load():
+    """A summary from a synthetic sweep: to_json(from_json(d)) == d; every summary recorded
+    under results/ loads (older layouts: clip_fraction, no findings)."""
+    import glob
+    import json
+    import os
+    import tempfile
+
+    from jaxrl_scale.scaling import analyze_sweep
+    from jaxrl_scale.scaling.summary import Summary
+    from jaxrl_scale.scaling.synthetic import write_synthetic_run
+    with tempfile.TemporaryDirectory() as root:
+        for b, q in ((32, 100), (64, 160)):
+            for s in (0, 1):
+                write_synthetic_run(root, f"grpo_P{b // 8}G8_sqrt_s{s}", b, 2000, q, steps=60,
+                                    eval_every=5, seed=s, eval_n=400, noise_seed=s + b,
+                                    gen_s=(0.1, 1e-3), extra_config={"base_batch": 32})
+        d = json.loads(json.dumps(analyze_sweep(root, "auto", n_boot=50)))
+    s = Summary.from_json(d)
+    assert s.to_json() == d and Summary.from_json(s.to_json()) == s
+    assert d["reference"] == d["reference_config"] and d["best"] == d["best_set"]
+    assert s.lr_tuning is None and s.min_detectable_r_N is None
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
+    paths = glob.glob(os.path.join(root, "**", "summary.json"), recursive=True)
+    assert paths
+    for p in paths:
+        with open(p) as f:
+            Summary.from_json(json.load(f))

@@ -28,6 +28,7 @@ from jaxrl_scale.scaling import stats
 from jaxrl_scale.scaling import step_cost
 from jaxrl_scale.scaling import time_to_target as ttt
 from jaxrl_scale.scaling.io import Run
+from jaxrl_scale.scaling.summary import AlgoSummary, ConfigStats, RunStats, Summary
 from jaxrl_scale.scaling.throughput import step_costs
 
 SUMMARY_FILE = "summary.json"
@@ -547,12 +548,13 @@ def clipped_update_fraction(run: Run) -> float | None:
 # ----------------------------------------------------------------------------- the summary
 
 
-def analyze_runs(runs: Sequence[Run], target: Any = "auto", reference: str | None = None,
+def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = None,
                  tolerance: float = 0.25, fit_sigmoid: bool = False, *,
                  skipped: Sequence[dict] = (), ci_level: float = stats.CI_LEVEL,
                  n_boot: int = 1000, seed: int = 0, target_fraction: float = 0.5,
-                 min_gain: float = 0.10, flat_slope: float = -0.25) -> dict:
-    """The summary dict for already-loaded runs (see :func:`analyze_sweep`)."""
+                 min_gain: float = 0.10, flat_slope: float = -0.25,
+            sweep_dir: str | None = None) -> Summary:
+    """The typed `Summary` of already-loaded runs (see :func:`analyze_sweep`)."""
     target = parse_target(target)
     runs = list(runs)
     if not runs:
@@ -669,37 +671,19 @@ def analyze_runs(runs: Sequence[Run], target: Any = "auto", reference: str | Non
     p = per_algo[primary]
     cgb = p["critical_generation_batch"]
     found = findings.source_findings(per_algo, configs, creps, ci_level, tolerance, primary, cgb)
-    return {
-        "ci_level": ci_level,
-        "target": p["target"],
-        "targets": targets,
-        "target_rule": p["target_rule"],
-        "eval_se": p["eval_se"],
-        "eval_se_source": p["eval_se_source"],
-        "curve_jitter_se": p["curve_jitter_se"],
-        "signal_to_noise": p["signal_to_noise"],
-        "start_score": p["start_score"],
-        "reference": p["reference_config"],
-        "reference_config": p["reference_config"],
-        "reference_configs": {a: v["reference_config"] for a, v in per_algo.items()},
-        "reference_runs": p["reference_runs"],
-        "reference_reached": p["reference_reached"],
-        "primary_algo": primary,
-        "algos": per_algo,
-        "runs": per_run,
-        "configs": configs,
-        "best_set": p["best_set"],
-        "best": p["best_set"],
-        "critical_training_batch": p["critical_training_batch"],
-        "critical_generation_batch": cgb,
-        "grad_norm": p["grad_norm"],
-        "partial_rollout": partial,
-        "findings": [f.to_json() for f in found],
-        "tolerance": tolerance,
-        "n_boot": n_boot,
-        "skipped": list(skipped),
-        "warnings": warnings,
-    }
+    return Summary(
+        ci_level=ci_level, primary_algo=primary,
+        algos={a: AlgoSummary.from_json(x) for a, x in per_algo.items()},
+        runs={n: RunStats.from_json(x) for n, x in per_run.items()},
+        configs={g: ConfigStats.from_json(x) for g, x in configs.items()},
+        partial_rollout=partial, findings=tuple(found), tolerance=tolerance, n_boot=n_boot,
+        skipped=list(skipped), warnings=warnings, sweep_dir=sweep_dir)
+
+
+def analyze_runs(runs: Sequence[Run], target: Any = "auto", reference: str | None = None,
+                 tolerance: float = 0.25, fit_sigmoid: bool = False, **kwargs) -> dict:
+    """summary.json's dict for already-loaded runs: `analyze(...).to_json()`."""
+    return analyze(runs, target, reference, tolerance, fit_sigmoid, **kwargs).to_json()
 
 
 def analyze_sweep(sweep_dir: str | None, target: Any = "auto", reference: str | None = None,
@@ -728,7 +712,5 @@ def analyze_sweep(sweep_dir: str | None, target: Any = "auto", reference: str | 
         detail = "; ".join(f"{s['dir']}: {s['reason']}" for s in skipped) or "it is empty"
         raise AnalysisError(f"no runs in {sweep_dir!r} (a run is a subdirectory with "
                             f"{sio.METRICS_FILE}); {detail}")
-    summary = analyze_runs(runs, target, reference, tolerance, fit_sigmoid,
-                           skipped=skipped, **kwargs)
-    summary["sweep_dir"] = sweep_dir
-    return summary
+    return analyze(runs, target, reference, tolerance, fit_sigmoid, skipped=skipped,
+                   sweep_dir=sweep_dir, **kwargs).to_json()

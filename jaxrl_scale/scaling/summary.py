@@ -1,0 +1,283 @@
+"""The typed summary of a sweep: what scaling/ computes and summary.json holds.
+
+`Summary` (per run `RunStats`, per config `ConfigStats`, per algorithm `AlgoSummary`, the
+source's findings as `findings.Finding`) with ``to_json`` / ``from_json``. Field names are
+those of docs/API.md ("Uncertainty fields", "findings"); each quantity is one field. The
+primary algorithm's numbers are written at the top level too (docs/API.md's contract:
+"target", "eval_se", "reference_config", "best_set", ... and the short keys "reference" and
+"best" of the analyze command), all derived from ``algos[primary_algo]`` by ``to_json``.
+
+``from_json`` reads summaries recorded before this type existed (results/): the summary key
+``clip_fraction`` is read as ``clipped_update_fraction``, a missing ``findings`` as none.
+Numpy only, no JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jaxrl_scale.scaling.findings import Finding
+
+Interval = list  # [lo, hi] as written to JSON; None for an unknown (lo) or unbounded (hi) end
+
+_RENAMED = {"clip_fraction": "clipped_update_fraction"}   # recorded name -> field
+
+
+def _from(cls, d: dict, where: str):
+    """cls(**d) with recorded names mapped; an unknown key is an error naming it."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    kw = {}
+    for k, v in d.items():
+        k = _RENAMED.get(k, k)
+        if k not in names:
+            raise ValueError(f"{where}: unknown summary field {k!r} for {cls.__name__}")
+        kw[k] = v
+    return cls(**kw)
+
+
+def _json(obj) -> dict:
+    """Fields in declaration order; optional fields left at None are omitted when they are
+    marked ``omit_none`` (keys a run or config has only in some sweeps)."""
+    out = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if v is None and f.metadata.get("omit_none"):
+            continue
+        out[f.name] = v
+    return out
+
+
+def _opt(**kw):
+    return dataclasses.field(default=None, metadata={"omit_none": True}, **kw)
+
+
+WITH_EVALS = ("N_star_ci", "q_ci", "q_overall", "responses_total", "frac_replicates_reached",
+              "updates_to_target")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunStats:
+    """One run at its algorithm's target (analysis.run_stats plus its identity and ratios)."""
+
+    batch: float | None = None
+    n_evals: int = None
+    eval_se_source: str = None
+    eval_se: float | None = None
+    curve_jitter_se: float | None = None
+    se_used: float | None = None
+    start_score: float | None = None
+    max_score: float | None = None
+    final_score: float | None = None
+    N_star: float | None = None
+    N_star_raw: float | None = None
+    reached: bool = None
+    q: float | None = None
+    T: float | None = None
+    smoothed_final: float | None = None
+    group: str | None = None
+    seed: int | None = None
+    lr_rule: str | None = None
+    algo: str | None = None
+    batch_source: str | None = None
+    batch_gen: float | None = None
+    gen_batch_ratio: float | None = None
+    target: float | None = None
+    clipped_update_fraction: float | None = None   # updates whose grad norm was clipped
+    r_N: float | None = None
+    r_q: float | None = None
+    T_over_T0: float | None = None
+    is_reference: bool = False
+    N_star_ci: Interval | None = None
+    q_ci: Interval | None = None
+    q_overall: float | None = None
+    responses_total: float | None = None
+    frac_replicates_reached: float | None = None
+    updates_to_target: float | None = None
+    error: str | None = _opt()      # "no eval records": the keys above are not computed
+    sigmoid: dict | None = _opt()
+
+    def to_json(self) -> dict:
+        out = _json(self)
+        if self.error:
+            for k in WITH_EVALS:
+                out.pop(k)
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict) -> "RunStats":
+        return _from(cls, d, "runs")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigStats:
+    """One config (a run name without its seed): seed means with intervals at ci_level, the
+    ratios to its algorithm's reference and the verdict."""
+
+    algo: str | None = None
+    batch: float | None = None
+    batch_gen: float | None = None
+    gen_batch_ratio: float | None = None
+    lr_rule: str | None = None
+    group_size: int | None = None
+    seeds: int = None
+    seeds_reached: int = None
+    runs: list = None
+    reached: bool = None
+    N_star: float | None = None
+    N_star_ci: Interval = None
+    q: float | None = None
+    q_ci: Interval = None
+    T: float | None = None
+    N_star_reached_mean: float | None = None
+    N_star_std: float | None = None
+    q_std: float | None = None
+    reference: str | None = None
+    is_reference: bool = False
+    r_N: float | None = None
+    r_q: float | None = None
+    T_over_T0: float | None = None
+    r_N_ci: Interval | None = None
+    r_q_ci: Interval | None = None
+    T_over_T0_ci: Interval | None = None
+    verdict: str | None = None
+    updates_ratio: float | None = None
+    responses_min: float | None = None
+    collection_s_per_step: float | None = None
+    train_s_per_step: float | None = None
+    gen_throughput: float | None = None
+    clipped_update_fraction: float | None = None   # updates whose grad norm was clipped
+    staleness_mean: float | None = None
+    staleness_max: float | None = None
+    off_policy_token_frac: float | None = None
+    slot_occupancy: float | None = None
+    actor_b_simple: float | None = None
+    actor_b_simple_range: list | None = None
+    critic_b_simple: float | None = None
+    critic_b_simple_range: list | None = None
+    sigmoid_A: float | None = _opt()
+    invariance: dict | None = _opt()
+
+    def to_json(self) -> dict:
+        return _json(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ConfigStats":
+        return _from(cls, d, "configs")
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgoSummary:
+    """Per algorithm: its reference, target, eval noise, critical batches, grad-norm slopes
+    and the set of configs not distinguishable from its fastest."""
+
+    reference_config: str = None
+    reference_runs: list = None
+    target: float = None
+    target_rule: dict | None = None
+    eval_se: float | None = None
+    eval_se_source: str | None = None
+    curve_jitter_se: float | None = None
+    start_score: float | None = None
+    signal_to_noise: float | None = None
+    reference_reached: bool = None
+    reference_best_smoothed: float | None = None
+    critical_training_batch: dict = None
+    grad_norm: dict = None
+    best_set: list = None
+    critical_generation_batch: dict = None
+
+    def to_json(self) -> dict:
+        return _json(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "AlgoSummary":
+        return _from(cls, d, "algos")
+
+
+# Top-level keys written from algos[primary_algo] (docs/API.md), and the short aliases.
+PRIMARY_KEYS = ("target", "target_rule", "eval_se", "eval_se_source", "curve_jitter_se",
+                "signal_to_noise", "start_score", "reference_config", "reference_runs",
+                "reference_reached", "best_set", "critical_training_batch",
+                "critical_generation_batch", "grad_norm")
+ALIASES = {"reference": "reference_config", "best": "best_set"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """summary.json, typed. Per algorithm numbers live in ``algos`` only; ``to_json`` writes the
+    primary algorithm's at the top level too."""
+
+    ci_level: float
+    primary_algo: str
+    algos: dict            # {algo: AlgoSummary}
+    runs: dict             # {run name: RunStats}
+    configs: dict          # {config: ConfigStats}
+    tolerance: float
+    n_boot: int
+    skipped: list
+    warnings: list
+    partial_rollout: list = dataclasses.field(default_factory=list)   # recorded: may lack it
+    findings: tuple = ()   # (Finding, ...); summaries recorded before findings were data: ()
+    sweep_dir: str | None = None
+    lr_tuning: dict | None = None          # {grid, scores, chosen, bracketed} (issue 27)
+    min_detectable_r_N: float | None = None
+
+    @property
+    def primary(self) -> AlgoSummary:
+        return self.algos[self.primary_algo]
+
+    @property
+    def targets(self) -> dict:
+        return {a: x.target for a, x in self.algos.items()}
+
+    @property
+    def reference_configs(self) -> dict:
+        return {a: x.reference_config for a, x in self.algos.items()}
+
+    def to_json(self) -> dict:
+        p = self.primary
+        out: dict[str, Any] = {"ci_level": self.ci_level}
+        out.update(target=p.target, targets=self.targets, target_rule=p.target_rule,
+                   eval_se=p.eval_se, eval_se_source=p.eval_se_source,
+                   curve_jitter_se=p.curve_jitter_se, signal_to_noise=p.signal_to_noise,
+                   start_score=p.start_score, reference=p.reference_config,
+                   reference_config=p.reference_config,
+                   reference_configs=self.reference_configs, reference_runs=p.reference_runs,
+                   reference_reached=p.reference_reached, primary_algo=self.primary_algo,
+                   algos={a: x.to_json() for a, x in self.algos.items()},
+                   runs={n: x.to_json() for n, x in self.runs.items()},
+                   configs={g: x.to_json() for g, x in self.configs.items()},
+                   best_set=p.best_set, best=p.best_set,
+                   critical_training_batch=p.critical_training_batch,
+                   critical_generation_batch=p.critical_generation_batch,
+                   grad_norm=p.grad_norm, partial_rollout=self.partial_rollout,
+                   findings=[f.to_json() for f in self.findings], tolerance=self.tolerance,
+                   n_boot=self.n_boot, skipped=self.skipped, warnings=self.warnings)
+        if self.lr_tuning is not None:
+            out["lr_tuning"] = self.lr_tuning
+        if self.min_detectable_r_N is not None:
+            out["min_detectable_r_N"] = self.min_detectable_r_N
+        out["sweep_dir"] = self.sweep_dir
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Summary":
+        """From summary.json's dict (as written by `to_json`, or recorded earlier). Keys that
+        callers add beside the summary (summary_path, report_path, errors, lr_tune) and the
+        top-level copies of the primary algorithm's numbers are not fields."""
+        derived = set(PRIMARY_KEYS) | set(ALIASES) | {"targets", "reference_configs",
+                                                      "summary_path", "report_path",
+                                                      "errors", "lr_tune"}
+        kw = {k: v for k, v in d.items() if k not in derived}
+        kw["algos"] = {a: AlgoSummary.from_json(x) for a, x in d["algos"].items()}
+        kw["runs"] = {n: RunStats.from_json(x) for n, x in d["runs"].items()}
+        kw["configs"] = {g: ConfigStats.from_json(x) for g, x in d["configs"].items()}
+        kw["findings"] = tuple(Finding.from_json(f) for f in d.get("findings") or ())
+        kw.setdefault("sweep_dir", None)
+        return _from(cls, kw, "summary")
+
+
+def as_summary(x) -> Summary:
+    """A Summary from a Summary or summary.json's dict."""
+    return x if isinstance(x, Summary) else Summary.from_json(x)
