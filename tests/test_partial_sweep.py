@@ -8,7 +8,8 @@ import zlib
 import numpy as np
 
 from jaxrl_scale import scaling
-from jaxrl_scale.experiment import report
+from jaxrl_scale import report
+from jaxrl_scale.experiment.analyze import analyze_and_report
 from jaxrl_scale.scaling import analysis, step_cost, io as sio
 from jaxrl_scale.scaling.synthetic import write_synthetic_run
 from jaxrl_scale.scaling.throughput import step_costs
@@ -70,7 +71,7 @@ def test_faster_partial_rollout_is_detected(tmp_path):
     write_config(tmp_path, "grpo_P4_G8_sqrt_k2", 32, k=2, q=450.0, noise=1,
                  rollout={"staleness_mean": 0.5, "staleness_max": 1,
                           "off_policy_token_frac": 0.25, "slot_occupancy": 0.9})
-    s = report.analyze_and_report(str(tmp_path), "auto")
+    s = analyze_and_report(str(tmp_path), "auto")
     (x,) = s["partial_rollout"]
     assert x["verdict"] == "faster", x
     assert x["q_ratio_ci"][0] < 1.5 < x["q_ratio_ci"][1]
@@ -92,7 +93,7 @@ def test_faster_partial_rollout_is_detected(tmp_path):
 def test_no_partial_section_without_k_above_1(tmp_path):
     write_config(tmp_path, "grpo_P4_G8_sqrt", 32, seeds=1)
     write_config(tmp_path, "grpo_P8_G8_sqrt", 64, seeds=1)
-    s = report.analyze_and_report(str(tmp_path), "auto", n_boot=100)
+    s = analyze_and_report(str(tmp_path), "auto", n_boot=100)
     assert s["partial_rollout"] == []
     assert "Partial rollout" not in open(s["report_path"]).read()
 
@@ -141,7 +142,7 @@ def test_generation_curve_uses_b_gen():
 def test_b_gen_varied_only_by_k_decides_no_source_finding():
     """One synchronous batch and its k = 2 twin: the fit exists, but it sets engine rounds
     against a synchronous one, so finding (4) stays undetermined and the line says why."""
-    from jaxrl_scale.experiment import report
+    from jaxrl_scale import report
     from jaxrl_scale.scaling import findings
     runs = [_timed_run("s", 128, 1), _timed_run("k", 128, 2)]
     costs = {r.name: step_costs(r) for r in runs}
@@ -149,7 +150,7 @@ def test_b_gen_varied_only_by_k_decides_no_source_finding():
     assert m["sync_batches"] == 1 and m["d0"] is not None
     status, _, text, _ = findings.sublinear_collection(m, {}, 0.9)
     assert status == "undetermined" and "gen_batch_ratio" in text
-    assert "CAUTION" in report._cgb_line({"critical_generation_batch": m})
+    assert "CAUTION" in report.text._cgb_line({"critical_generation_batch": m})
 
 
 def test_sample_analyses_keep_to_the_reference_rollout(tmp_path):

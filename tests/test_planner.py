@@ -331,12 +331,12 @@ def test_report_puts_predictions_beside_measured(tmp_path):
     """A plan*.json in the report's directory adds a predictions-vs-measured section and
     figure (the recorded validation: GRPO plan from study_full's reference runs)."""
     import shutil
-    from jaxrl_scale.experiment.report import write_report
+    from jaxrl_scale.report import render
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
     shutil.copy(os.path.join(root, "planner_validation", "grpo", "plan.json"), tmp_path)
     with open(os.path.join(root, "study_full", "summary.json")) as f:
         summary = json.load(f)
-    md = open(write_report(None, summary, runs=[], out_dir=str(tmp_path))).read()
+    md = open(render(summary, str(tmp_path))).read()
     assert "## Planner predictions vs measured (plan.json)" in md
     assert "plan_vs_measured.png" in md and (tmp_path / "plan_vs_measured.png").is_file()
 

@@ -12,7 +12,8 @@ import zlib
 import pytest
 
 from jaxrl_scale import scaling
-from jaxrl_scale.experiment import report
+from jaxrl_scale import report
+from jaxrl_scale.experiment.analyze import analyze_and_report
 from jaxrl_scale.scaling import findings
 from jaxrl_scale.scaling.synthetic import write_synthetic_run
 
@@ -68,7 +69,7 @@ def noisy(tmp_path_factory):
     _noisy(root, "ppo_P32_sqrt", 32, 100, curve(), algo="ppo", seeds=(0,))
     _noisy(root, "ppo_P64_sqrt", 64, 100, curve(1.5), algo="ppo", seeds=(0,))
     os.makedirs(os.path.join(root, "crashed"))
-    s = report.analyze_and_report(root, "auto", n_boot=N_BOOT)
+    s = analyze_and_report(root, "auto", n_boot=N_BOOT)
     return root, s, open(s["report_path"]).read()
 
 
@@ -181,7 +182,7 @@ def test_report_tables_have_intervals(noisy):
 def test_reference_misses_target(tmp_path):
     _noisy(tmp_path, "grpo_P4_sqrt", 32, 100, curve(cap=0.3), seeds=(0,), train_s=False)
     _noisy(tmp_path, "grpo_P8_sqrt", 64, 100, curve(), seeds=(0,), train_s=False)
-    s = report.analyze_and_report(str(tmp_path), 0.5, n_boot=100)
+    s = analyze_and_report(str(tmp_path), 0.5, n_boot=100)
     md = open(s["report_path"]).read()
     first = md.split("## Answer", 1)[1].strip().splitlines()[0]
     assert first.startswith("- The reference grpo_P4_sqrt did NOT reach the target J* = 0.5: "
@@ -208,7 +209,7 @@ def test_report_lists_figures_without_data(tmp_path):
     write_synthetic_run(tmp_path, "a_sqrt", 256, 5000, 10, grad_norm=None)
     write_synthetic_run(tmp_path, "b_sqrt", 512, 5000, 12, grad_norm=None)
     s = scaling.analyze_sweep(str(tmp_path), 0.5, n_boot=50)
-    md = open(report.write_report(str(tmp_path), s)).read()
+    md = open(report.render(s, str(tmp_path))).read()
     assert "grad_norm.png: fewer than 2 batches" in md
     assert not os.path.exists(tmp_path / "grad_norm.png")
 
@@ -284,7 +285,7 @@ def test_analyze_and_report_csv_only(tmp_path):
     p = tmp_path / "ext.csv"
     rows = ["it,n,wall,acc"] + [f"{k},{k * 64},{k * 6.4},{0.05 * k}" for k in range(1, 16)]
     p.write_text("\n".join(rows) + "\n")
-    s = report.analyze_and_report(None, 0.5, csv=[str(p)], n_boot=50,
+    s = analyze_and_report(None, 0.5, csv=[str(p)], n_boot=50,
                                   columns="step:it,responses:n,time_s:wall,score:acc")
     assert s["reference"] == "ext" and s["runs"]["ext"]["N_star"] == pytest.approx(640)
     assert s["runs"]["ext"]["q"] == pytest.approx(10)
@@ -292,3 +293,11 @@ def test_analyze_and_report_csv_only(tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert "Fastest: ext (B=64, T = 64 s, T/T0 = 1 [1, 1]), the only config that reached J*" in md
     assert "| ext (ref) | 1/1 | 64 |" in md
+
+
+def test_report_imports_no_jax():
+    """The report renders only: importing it (and the analysis entry) loads no JAX."""
+    code = ("import sys, jaxrl_scale.report, jaxrl_scale.experiment.analyze; "
+            "assert 'jax' not in sys.modules, sorted(m for m in sys.modules if 'jax' == m[:3])")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT,
+                   env=dict(os.environ, PYTHONPATH=ROOT))

@@ -49,7 +49,7 @@ def quiet_logging() -> None:
 def print_summary(summary: dict) -> None:
     """The analysis answer on the terminal: the report's first lines (facts), the table, then
     warnings, skipped directories and failed runs on stderr, and where the files are."""
-    from jaxrl_scale.experiment.report import facts, format_table
+    from jaxrl_scale.report import facts, format_table
     for s in facts(summary):
         print(f"- {s}")
     print()

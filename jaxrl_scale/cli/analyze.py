@@ -16,7 +16,7 @@ import sys
 from absl import app, flags
 
 from jaxrl_scale.cli import print_summary, run_main
-from jaxrl_scale.experiment.report import analyze_and_report
+from jaxrl_scale.experiment.analyze import analyze_and_report
 from jaxrl_scale.scaling.analysis import AnalysisError
 
 FLAGS = flags.FLAGS

@@ -470,7 +470,7 @@ def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
                 "total_wall_s_this_call": time.time() - t_start}, indent=2)
     if not analyse:
         return {"errors": errors}
-    from jaxrl_scale.experiment.report import analyze_and_report
+    from jaxrl_scale.experiment.analyze import analyze_and_report
     from jaxrl_scale.scaling.analysis import AnalysisError
     try:
         summary = analyze_and_report(sweep.sweep_dir, target=sweep.target)

@@ -700,6 +700,15 @@ def analyze_sweep(sweep_dir: str | None, target: Any = "auto", reference: str | 
     the problem.
     """
     target = parse_target(target)
+    runs, skipped = load_runs(sweep_dir, extra_runs)
+    return analyze(runs, target, reference, tolerance, fit_sigmoid, skipped=skipped,
+                   sweep_dir=sweep_dir, **kwargs).to_json()
+
+
+def load_runs(sweep_dir: str | None, extra_runs: Sequence[Run] = ()
+              ) -> tuple[list[Run], list[dict]]:
+    """(runs, skipped directories) of a sweep directory plus ``extra_runs``; AnalysisError
+    naming the problem when there is no run."""
     runs, skipped = [], []
     if sweep_dir is not None:
         try:
@@ -712,5 +721,4 @@ def analyze_sweep(sweep_dir: str | None, target: Any = "auto", reference: str | 
         detail = "; ".join(f"{s['dir']}: {s['reason']}" for s in skipped) or "it is empty"
         raise AnalysisError(f"no runs in {sweep_dir!r} (a run is a subdirectory with "
                             f"{sio.METRICS_FILE}); {detail}")
-    return analyze(runs, target, reference, tolerance, fit_sigmoid, skipped=skipped,
-                   sweep_dir=sweep_dir, **kwargs).to_json()
+    return runs, skipped

@@ -1,0 +1,31 @@
+"""From finished runs to summary.json and report.md: read the sweep once, analyse it
+(`scaling.analysis.analyze` -> a typed `Summary`), write summary.json, render the report.
+Needs no JAX (the analysis and the report are numpy + matplotlib)."""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from jaxrl_scale import report
+from jaxrl_scale.scaling import analysis
+from jaxrl_scale.scaling.io import read_csv_run
+
+
+def analyze_and_report(sweep_dir: str | None, target, reference: str | None = None,
+                       tolerance: float = 0.25, fit_sigmoid: bool = False, *,
+                       csv: Sequence[str] = (), columns: str | None = None,
+                       out: str | None = None, **kwargs) -> dict:
+    """summary.json + report.md (+ figures) of a sweep into ``out`` (default: the sweep dir,
+    else the first CSV's directory). CSV runs (``csv`` paths read with the ``columns`` map)
+    join the sweep; ``kwargs`` go to `analysis.analyze`. Returns summary.json's dict plus
+    "summary_path" and "report_path"."""
+    extra = [read_csv_run(c, columns) for c in csv]
+    target = analysis.parse_target(target)
+    runs, skipped = analysis.load_runs(sweep_dir, extra)
+    summary = analysis.analyze(runs, target, reference, tolerance, fit_sigmoid,
+                               skipped=skipped, sweep_dir=sweep_dir, **kwargs)
+    out = out or sweep_dir or os.path.dirname(os.path.abspath(csv[0]))
+    summary_path = analysis.write_summary(out, summary)
+    report_path = report.render(summary, out, runs, plans_dir=sweep_dir or out)
+    return dict(summary.to_json(), summary_path=summary_path, report_path=report_path)

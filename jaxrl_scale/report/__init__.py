@@ -1,0 +1,120 @@
+"""The sweep report: report.md (answer first, then tables) and figures (PNG, Agg canvas).
+
+report.md opens with "## Answer": the statistical power of the sweep, the verdict of every
+config against its algorithm's reference (faster / slower / indistinguishable / not reached,
+each T/T0 with its interval), the fastest set, both critical batches and the source's
+findings, each marked reproduced / not reproduced / undetermined; then, when the sweep ran
+configs with asynchronous partial rollout (gen_batch_ratio k > 1), "## Partial rollout vs
+synchronous": q, N* and T ratios against the synchronous twin. Every number comes from
+the summary of `jaxrl_scale.scaling.analysis.analyze_sweep`, with its interval at the
+summary's ``ci_level`` where it has one.
+
+Figures (SCIENCE.md sections 1-4), intervals drawn wherever a number has one:
+  learning_curves.png   seed-mean J vs responses per config, band min..max over seeds
+                        (one seed: +-eval SE); solid sqrt lr, dashed fixed lr; target line
+  time_to_target.png    T/T0 vs batch per lr rule, error bars = interval; fastest set marked
+  critical_batches.png  generation throughput with the fitted B / (d0 + d1 B) | r_N vs batch
+  grad_norm.png         actor (and critic) grad norm vs batch, log-log, with a -1/2 guide
+  collection_time.png   responses per step and collection seconds per step, both / smallest
+                        batch (the source's Figure 7)
+
+Split by what it is: `figures` (PNG), `tables` (markdown tables), `text` (sentences), `base`
+(shared views of the summary). Renders only: every number and decision comes from the
+`scaling.summary.Summary` (findings included); nothing here imports JAX.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from jaxrl_scale.numbers import UNBOUNDED, fmt, fmt_ci
+from jaxrl_scale.report.base import FIGURES, REPORT_FILE, _configs, _level
+from jaxrl_scale.report.figures import (plot_collection_time, plot_critical_batches,
+                                        plot_grad_norm, plot_learning_curves,
+                                        plot_time_to_target)
+from jaxrl_scale.report.tables import format_table
+from jaxrl_scale.report.text import (_answer, _details, facts, partial_rollout_lines,
+                                     planner_lines, source_findings)
+from jaxrl_scale.scaling.io import Run
+from jaxrl_scale.scaling.summary import as_summary
+
+__all__ = ["render", "facts", "format_table", "source_findings", "FIGURES", "REPORT_FILE",
+           "fmt", "fmt_ci"]
+
+
+def render(summary, out_dir: str, runs: Sequence[Run] = (), plans_dir: str | None = None
+           ) -> str:
+    """Write report.md and the figures into ``out_dir`` from a `Summary` (or summary.json's
+    dict) and, for the learning curves, the runs already read; planner outputs (plan*.json)
+    in ``plans_dir`` (default ``out_dir``) get a predictions-vs-measured section. Returns the
+    path of report.md. Figures that have no data (e.g. no grad norms logged) are listed as
+    not drawn, with the reason."""
+    summary = as_summary(summary).to_json()
+    os.makedirs(out_dir, exist_ok=True)
+    names = set(summary.get("runs") or {})
+    runs = [r for r in runs if r.name in names]
+
+    drawn, missing = [], []
+    p = lambda f: os.path.join(out_dir, f)
+    for fname, fn, why in (
+            ("learning_curves.png", lambda s, f: plot_learning_curves(runs, s, f),
+             "no run with eval records was passed to the report"),
+            ("time_to_target.png", plot_time_to_target, ""),
+            ("critical_batches.png", plot_critical_batches, ""),
+            ("grad_norm.png", plot_grad_norm,
+             "fewer than 2 batches (same lr rule as the reference) log actor_grad_norm"),
+            ("collection_time.png", plot_collection_time,
+             "no run gives a batch and a time per step")):
+        got = fn(summary, p(fname))
+        (drawn.append(got) if got else missing.append(f"{fname}: {why}"))
+
+    main, finds = _answer(summary)
+    lvl = _level(summary)
+    any_seeds = any((st.get("seeds") or 0) > 1 for st in _configs(summary).values())
+    t = summary.get("target")
+    md = [f"# Sweep report: time to target J* = {fmt(t, 4)}", "", "## Answer", ""]
+    md += [f"- {s}" for s in main]
+    md += ["", "Source findings:", ""]
+    md += [f"- ({k}) {claim}: **{status}**: {why}." for k, claim, status, why in
+           source_findings(summary)]
+    md += ["", f"Intervals are {lvl} bootstrap intervals [lo, hi] ({UNBOUNDED}: unbounded, some "
+           "replicates never reach the target). T/T0 = r_N / r_q; a config is faster / slower "
+           "when the whole T/T0 interval is below / above 1. q is end-to-end throughput "
+           "(retained responses per second) over [0, N*].", ""]
+    partial = partial_rollout_lines(summary)
+    if partial:
+        md += ["## Partial rollout vs synchronous", "",
+               "Each config run with asynchronous partial rollout (B_gen = k x B_train "
+               "sequences in flight) against the synchronous config that differs only in k: "
+               "q ratio = q_k / q_sync (end-to-end responses per second), r_N = N*_k / "
+               "N*_sync, T ratio = T_k / T_sync = r_N / q ratio, with "
+               f"{lvl} intervals from the same seed bootstrap as T/T0; faster / slower when "
+               "the whole T ratio interval is below / above 1.", ""]
+        md += [f"- {x}" for x in partial] + [""]
+    if summary.get("sweep_dir"):
+        md += [f"Sweep: `{summary['sweep_dir']}`. References: " + ", ".join(
+            f"{a}: `{g}`" for a, g in (summary.get("reference_configs") or {}).items()) + ".", ""]
+    md += ["## Configs", "", format_table(summary), ""]
+    if any_seeds:
+        md += ["### Per run", "", format_table(summary, per_run=True), ""]
+    det = _details(summary)
+    if det:
+        md += ["## Details", ""] + [f"- {s}" for s in det] + [""]
+    md += planner_lines(plans_dir or out_dir, summary, p, drawn)
+    md += ["## Figures", ""]
+    for f in drawn:
+        b = os.path.basename(f)
+        md += [f"![{b}]({b})", ""]
+    if missing:
+        md += ["Not drawn:", ""] + [f"- {m}" for m in missing] + [""]
+    md += ["## Skipped directories", ""]
+    md += ([f"- `{s['dir']}`: {s['reason']}" for s in summary.get("skipped", [])]
+           or ["- none"]) + [""]
+    if summary.get("warnings"):
+        md += ["## Warnings", ""] + [f"- {w}" for w in summary["warnings"]] + [""]
+    path = os.path.join(out_dir, REPORT_FILE)
+    with open(path + ".tmp", "w") as f:
+        f.write("\n".join(md))
+    os.replace(path + ".tmp", path)
+    return path

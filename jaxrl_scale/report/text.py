@@ -1,0 +1,349 @@
+"""The report's sentences: the Answer lines (power, verdicts, fastest set, critical batches),
+the source findings as stored in the summary, partial rollout vs synchronous, further
+details and the planner-vs-measured sections."""
+
+from __future__ import annotations
+
+import os
+
+from jaxrl_scale.numbers import fmt, fmt_ci
+from jaxrl_scale.report.base import (MIN_SNR, _algo_info, _algo_of, _algos, _configs, _desc,
+                                     _is_ref, _level, _ok, _per_batch, _sorted_configs)
+from jaxrl_scale.scaling import findings as findings_mod
+
+
+def _power_line(summary: dict, algo: str, prefix: str) -> str:
+    a = _algo_info(summary, algo)
+    se = a.get("eval_se", summary.get("eval_se"))
+    src = a.get("eval_se_source", summary.get("eval_se_source"))
+    t = a.get("target", summary.get("target"))
+    rule = a.get("target_rule") if summary.get("algos") else summary.get("target_rule")
+    start = a.get("start_score", summary.get("start_score"))
+    snr = a.get("signal_to_noise", summary.get("signal_to_noise"))
+    tgt = f"J* = {fmt(t)}"
+    if rule:
+        tgt += (f" (auto: {rule.get('rule')}; start {fmt(rule.get('start'))}, reach "
+                f"{fmt(rule.get('reach'))})")
+    ref = a.get("reference_config", summary.get("reference"))
+    jit = a.get("curve_jitter_se", summary.get("curve_jitter_se"))
+    s = f"{prefix}Power (reference {ref}): eval SE = {fmt(se)} ({src or 'unknown source'}); " \
+        + (f"the curves jitter by {fmt(jit)} between evals (policy noise included; the "
+           f"bootstrap never uses less); " if _ok(jit) else "") + \
+        f"target {tgt}; reference start score {fmt(start)}; "
+    gap = t - start if _ok(t) and _ok(start) else None
+    if _ok(gap) and gap > 0 and _ok(se) and se > 0:
+        ratio = se / gap
+        s += (f"SE / (J* - start) = {fmt(ratio)} vs 1/{MIN_SNR:g} = {fmt(1 / MIN_SNR)} "
+              f"(signal-to-noise {fmt(snr)}): ")
+        s += "OK." if _ok(snr) and snr >= MIN_SNR else "UNDERPOWERED: verdicts below may be noise."
+    elif _ok(gap) and gap <= 0:
+        s += (f"the target is not above the start (J* - start = {fmt(gap)}): "
+              "UNDERPOWERED: verdicts below may be noise.")
+    else:
+        s += "signal-to-noise unknown."
+    return s
+
+
+def _ref_miss_line(summary: dict, algo: str, prefix: str) -> str:
+    a = _algo_info(summary, algo)
+    ref = a.get("reference_config", summary.get("reference"))
+    t = a.get("target", summary.get("target"))
+    best = a.get("reference_best_smoothed")
+    se = a.get("eval_se", summary.get("eval_se"))
+    s = f"{prefix}The reference {ref} did NOT reach the target J* = {fmt(t)}"
+    if _ok(best) and _ok(t):
+        s += f": its best smoothed score is {fmt(best)}, {fmt(t - best)} below the target"
+        if _ok(se) and se > 0:
+            s += f" ({fmt((t - best) / se, 2)} eval SEs of {fmt(se)})"
+    return s + (". No time-to-target verdict is possible (no r_N, r_q, T/T0); the learning "
+                "curves, throughput and grad norms below still stand.")
+
+
+def _verdict_lines(summary: dict, algo: str, prefix: str) -> list[str]:
+    a = _algo_info(summary, algo)
+    ref = a.get("reference_config", summary.get("reference"))
+    items = [(g, st) for g, st in _sorted_configs(summary, algo) if not _is_ref(summary, g, st)]
+    out = []
+    lvl = _level(summary)
+    by = {v: [(g, st) for g, st in items if st.get("verdict") == v]
+          for v in ("faster", "slower", "indistinguishable", "not reached")}
+    def tt(g, st):
+        return f"{g} ({_desc(st)}): T/T0 = {fmt_ci(st.get('T_over_T0'), st.get('T_over_T0_ci'))}"
+
+    out.append(f"{prefix}Faster than the reference {ref} (T/T0 {lvl} interval below 1): "
+               + ("; ".join(tt(g, st) for g, st in sorted(
+                   by["faster"], key=lambda kv: kv[1]["T_over_T0"])) or "none") + ".")
+    out.append(f"{prefix}Slower (interval above 1): "
+               + ("; ".join(tt(g, st) for g, st in sorted(
+                   by["slower"], key=lambda kv: kv[1]["T_over_T0"])) or "none") + ".")
+    out.append(f"{prefix}Indistinguishable from the reference (interval contains 1): "
+               + ("; ".join(tt(g, st) for g, st in by["indistinguishable"]) or "none") + ".")
+    if by["not reached"]:
+        out.append(f"{prefix}Not reached: " + "; ".join(
+            f"{g} ({_desc(st)}): {st.get('seeds_reached', 0)}/{st.get('seeds', '?')} seeds "
+            f"reached J*" for g, st in by["not reached"]) + ".")
+    return out
+
+
+def _best_line(summary: dict, algo: str, prefix: str) -> str:
+    a = _algo_info(summary, algo)
+    best = a.get("best_set") if summary.get("algos") else summary.get("best_set")
+    best = list(best or [])
+    configs = _configs(summary)
+    ref_ok = a.get("reference_reached", summary.get("reference_reached"))
+
+    def one(g):
+        st = configs.get(g) or {}
+        s = f"{g} ({_desc(st)}, T = {fmt(st.get('T'))} s"
+        if ref_ok and _ok(st.get("T_over_T0")):
+            s += f", T/T0 = {fmt_ci(st.get('T_over_T0'), st.get('T_over_T0_ci'))}"
+        return s + ")"
+
+    if not best:
+        return f"{prefix}No config reached J*: there is no fastest set."
+    if not ref_ok:
+        prefix += "Among the configs that reached J* on their own (no T/T0): "
+    n_reached = sum(bool(st.get("reached")) for _, st in _sorted_configs(summary, algo))
+    if len(best) == 1 and n_reached <= 1:
+        return f"{prefix}Fastest: {one(best[0])}, the only config that reached J*."
+    if len(best) == 1:
+        return f"{prefix}Fastest: {one(best[0])}, distinguishable from all others."
+    return (f"{prefix}Fastest set ({len(best)} configs not distinguishable from the fastest, "
+            f"{best[0]}; no single best): " + "; ".join(one(g) for g in best) + ".")
+
+
+def _ctb_line(summary: dict, algo: str, prefix: str) -> str:
+    a = _algo_info(summary, algo)
+    ctb = a.get("critical_training_batch") or (
+        summary.get("critical_training_batch") if algo == summary.get("primary_algo") else {})
+    ctb = ctb or {}
+    tol = ctb.get("tolerance", summary.get("tolerance"))
+    lim = 1 + tol if _ok(tol) else None
+    pts = {p["batch"]: p for p in ctb.get("points") or []}
+    rule = ctb.get("lr_rule") or "-"
+    ref_ok = a.get("reference_reached", summary.get("reference_reached"))
+    if not ref_ok:
+        return (f"{prefix}Critical training batch: undetermined (the reference did not reach "
+                "J*, so no r_N).")
+    head = f"{prefix}Critical training batch (lr rule {rule}, largest B whose r_N " \
+           f"{_level(summary)} " \
+           f"upper bound is <= {fmt(lim)}): "
+    b = ctb.get("batch")
+    if _ok(b):
+        p = pts.get(b) or {}
+        s = head + f"B = {fmt(b)} (r_N = {fmt_ci(p.get('r_N'), p.get('r_N_ci'))})"
+    else:
+        s = head + "none of the measured batches qualifies"
+    c = ctb.get("cost_detected_at")
+    if _ok(c):
+        p = pts.get(c) or {}
+        s += (f"; a sample cost is detected at B = {fmt(c)} ("
+              + (f"r_N = {fmt_ci(p.get('r_N'), p.get('r_N_ci'))}" if p.get("reached")
+                 else "not reached within the budget") + ")")
+    else:
+        s += "; no sample cost detected (no lower bound above " + fmt(lim) + ")"
+    return s + "."
+
+
+def _cgb_line(summary: dict) -> str:
+    cgb = summary.get("critical_generation_batch") or {}
+    pts = cgb.get("points") or []
+    kind = cgb.get("batch_kind") or "batch"
+    what = "collection (gen_s)" if cgb.get("metric") == "gen_s" else \
+        "step time (no gen_s logged)"
+    if not (_ok(cgb.get("d0")) and _ok(cgb.get("d1"))):
+        return (f"Critical generation batch: not estimated ({what} measured at "
+                f"{len(pts)} distinct batch(es); the fit t_gen = d0 + d1*B needs 2).")
+    fit = (f"t_gen = d0 + d1*B from {what}: d0 = {fmt_ci(cgb['d0'], cgb.get('d0_ci'))} s, "
+           f"d1 = {fmt_ci(cgb['d1'], cgb.get('d1_ci'))} s per response")
+    gain = cgb.get("min_gain")
+    rule = (f"a doubling adds < {gain:.0%} throughput" if _ok(gain) else "throughput plateaus")
+    if not _ok(cgb.get("batch")):
+        return (f"Critical generation batch: none (d1 <= 0, the per-response cost is not "
+                f"positive); {fit}.")
+    lo_b = min((p["batch"] for p in pts), default=None)
+    grid = max((p["batch"] for p in pts), default=None)
+    if cgb.get("within_grid"):
+        where = "within the measured grid"
+    elif _ok(lo_b) and cgb["batch"] < lo_b:
+        where = (f"below the measured grid (smallest measured {kind} = {fmt(lo_b)}: "
+                 "generation throughput is already near its plateau there)")
+    else:
+        where = f"beyond the measured grid (largest measured {kind} = {fmt(grid)})"
+    return (f"Critical generation batch ({kind} beyond which {rule}): "
+            f"{fmt_ci(cgb['batch'], cgb.get('batch_ci'))}, {where}; {fit}{_mixed_note(cgb)}.")
+
+
+def _mixed_note(cgb: dict) -> str:
+    if cgb.get("sync_batches", 2) >= 2:
+        return ""
+    return ("; CAUTION: B_gen varies only through gen_batch_ratio, so the fit sets partial-"
+            "rollout (slot engine) rounds against synchronous ones rather than sampling one "
+            "decode curve")
+
+
+# --- source findings: decided in scaling/findings.py and stored in summary.json; rendered here.
+
+def source_findings(summary: dict) -> list[tuple[int, str, str, str]]:
+    """[(number, claim, status, detail)] of the summary's findings (numbered in the order of
+    `findings.IDS`; "[algo]" after the claim when the sweep has several algorithms)."""
+    multi = len(summary.get("algos") or {}) > 1
+    out = []
+    # a summary recorded before findings were data has none (regenerate it from its logs)
+    for f in summary.get("findings") or ():
+        k = findings_mod.IDS.index(f["id"]) + 1
+        claim = f["claim"] + (f" [{f['algo']}]" if multi and f.get("algo") else "")
+        out.append((k, claim, f["status"], f["detail"]))
+    return out
+
+
+def _answer(summary: dict) -> tuple[list[str], list[str]]:
+    main = []
+    algos = _algos(summary) or [summary.get("primary_algo") or "?"]
+    multi = len(algos) > 1
+    for algo in algos:
+        a = _algo_info(summary, algo)
+        prefix = f"[{algo}] " if multi else ""
+        if not a.get("reference_reached", summary.get("reference_reached")):
+            main.append(_ref_miss_line(summary, algo, prefix))
+            main.append(_power_line(summary, algo, prefix))
+            main.append(f"{prefix}Seeds that reached J* per config: " + "; ".join(
+                f"{g} {st.get('seeds_reached', 0)}/{st.get('seeds', '?')}"
+                for g, st in _sorted_configs(summary, algo)) + ".")
+        else:
+            main.append(_power_line(summary, algo, prefix))
+            main += _verdict_lines(summary, algo, prefix)
+        main.append(_best_line(summary, algo, prefix))
+        main.append(_ctb_line(summary, algo, prefix))
+    main.append(_cgb_line(summary))
+    finds = [f"Source finding ({k}) {claim}: {status.upper()}: {why}."
+             for k, claim, status, why in source_findings(summary)]
+    return main, finds
+
+
+PARTIAL_VERDICTS = {"faster": "FASTER (the T ratio interval is below 1)",
+                    "slower": "SLOWER (the T ratio interval is above 1)",
+                    "indistinguishable": "indistinguishable (the T ratio interval contains 1)"}
+ROLLOUT_TEXT = (("staleness_mean", "mean staleness {} versions"), ("staleness_max", "max {}"),
+                ("off_policy_token_frac", "off-policy tokens {}"),
+                ("slot_occupancy", "slot occupancy {}"))
+
+
+def _partial_line(x: dict) -> str:
+    s = (f"{x['config']} vs {x['sync_config']} (B_train={fmt(x.get('batch'))}, "
+         f"B_gen={fmt(x.get('batch_gen'))}, k={fmt(x.get('gen_batch_ratio'))}): q ratio "
+         f"{fmt_ci(x.get('q_ratio'), x.get('q_ratio_ci'))}")
+    if x.get("reached"):
+        s += (f", r_N {fmt_ci(x.get('r_N'), x.get('r_N_ci'))}, T ratio "
+              f"{fmt_ci(x.get('T_ratio'), x.get('T_ratio_ci'))}: "
+              f"{PARTIAL_VERDICTS.get(x.get('verdict'), x.get('verdict') or '-')}")
+    else:
+        s += "; not reached (one of the two missed J* in some seed): no r_N or T ratio"
+    inv = x.get("curves") or {}
+    if inv.get("within") is not None:
+        s += (f"; learning curves {'within' if inv['within'] else 'OUTSIDE'} the eval-noise "
+              f"band of each other (mean |dJ| {fmt(inv.get('mean_abs_dev'))} vs "
+              f"{fmt(inv.get('band'))})")
+    roll = [t.format(fmt(x[k])) for k, t in ROLLOUT_TEXT if _ok(x.get(k))]
+    return s + ("; " + ", ".join(roll) if roll else "") + "."
+
+
+def partial_rollout_lines(summary: dict) -> list[str]:
+    """One line per config run with partial rollout (k > 1) against its synchronous twin:
+    q ratio, r_N, T ratio with intervals and the verdict; empty without such configs."""
+    return [_partial_line(x) for x in summary.get("partial_rollout") or []]
+
+
+def facts(summary: dict) -> list[str]:
+    """The Answer lines of report.md: power, verdicts, fastest set, critical batches, the
+    source findings and partial rollout vs synchronous, each number with its interval."""
+    main, finds = _answer(summary)
+    return main + finds + partial_rollout_lines(summary)
+
+
+def _details(summary: dict) -> list[str]:
+    """Further measured numbers (not part of the answer)."""
+    out = []
+    configs = _configs(summary)
+    for algo in _algos(summary):
+        ref = configs.get(_algo_info(summary, algo).get("reference_config")) or {}
+        if ref.get("reached"):
+            out.append(f"{algo} reference {_algo_info(summary, algo).get('reference_config')} "
+                       f"({_desc(ref)}): N0* = {fmt_ci(ref.get('N_star'), ref.get('N_star_ci'))} "
+                       f"responses, q0 = {fmt_ci(ref.get('q'), ref.get('q_ci'))} responses/s, "
+                       f"T0 = {fmt(ref.get('T'))} s.")
+    for algo in _algos(summary):
+        for key, g in sorted((_algo_info(summary, algo).get("grad_norm") or {}).items()):
+            flat = g.get("flattens_after")
+            out.append(f"{algo} {key.split('_')[0]} grad norm vs batch (lr rule {g.get('lr_rule')}, "
+                       f"B={fmt(g['batches'][0])}..{fmt(g['batches'][-1])}): log-log slope "
+                       f"{fmt_ci(g.get('slope'), g.get('slope_ci'), 2)}; "
+                       + (f"flattens after B={fmt(flat)}." if flat else "no flattening."))
+    crit = [(g, st) for g, st in _sorted_configs(summary) if _ok(st.get("critic_b_simple"))]
+    if crit:
+        out.append("Critic noise scale B_simple (seed mean, range): " + "; ".join(
+            f"{g} {fmt(st['critic_b_simple'])}"
+            + (f" ({fmt(st['critic_b_simple_range'][0])}..{fmt(st['critic_b_simple_range'][1])})"
+               if st.get("critic_b_simple_range") else "") for g, st in crit) + ".")
+    ur = {}
+    for g, st in configs.items():
+        if _ok(st.get("updates_ratio")) and not _is_ref(summary, g, st):
+            ur.setdefault((_algo_of(st), st.get("lr_rule") or "-"), []).append(st["updates_ratio"])
+    for (algo, rule), v in sorted(ur.items()):
+        span = fmt(min(v), 2) if fmt(min(v), 2) == fmt(max(v), 2) else (
+            f"{fmt(min(v), 2)}-{fmt(max(v), 2)}")
+        out.append(f"Updates to target relative to the reference ({algo}, lr rule {rule}): "
+                   f"{span}x.")
+    inv = [(g, st["invariance"]) for g, st in _sorted_configs(summary)
+           if (st.get("invariance") or {}).get("within") is not None]
+    if inv:
+        out.append("Learning curve vs its reference's (mean |dJ| vs the band of eval noise alone, "
+                   f"{_level(summary)}): " + "; ".join(
+                       f"{g} {fmt(x.get('mean_abs_dev'))} vs {fmt(x.get('band'))} "
+                       f"({'within' if x['within'] else 'outside'})" for g, x in inv) + ".")
+    bs, coll = _per_batch(summary, "collection_s_per_step")
+    if len(bs) >= 2:
+        out.append(f"From B={fmt(bs[0])} to B={fmt(bs[-1])} ({bs[-1] / bs[0]:.3g}x responses "
+                   f"per step) collection time per step grows {coll[-1] / coll[0]:.3g}x "
+                   f"({fmt(coll[0])} s -> {fmt(coll[-1])} s).")
+    tf = (summary.get("critical_generation_batch") or {}).get("train_fit") or {}
+    if _ok(tf.get("gamma")):
+        out.append("Update time per step t_train = overhead + gamma*B: overhead = "
+                   f"{fmt_ci(tf.get('overhead'), tf.get('overhead_ci'))}"
+                   f" s, gamma = {fmt_ci(tf.get('gamma'), tf.get('gamma_ci'))} s per response; "
+                   "r_q cap over the reference batch "
+                   f"{fmt_ci(tf.get('r_q_cap'), tf.get('r_q_cap_ci'))}.")
+    sig = [(g, st["sigmoid_A"]) for g, st in _sorted_configs(summary) if _ok(st.get("sigmoid_A"))]
+    if sig:
+        out.append("Sigmoid fit asymptote A (seed mean): " + ", ".join(
+            f"{g} {fmt(a)}" for g, a in sig) + ".")
+    return out
+
+
+def planner_lines(root: str, summary: dict, path, drawn: list) -> list[str]:
+    """A section per planner output in `root` (plan*.json, experiments/plan.py --json_out):
+    its predictions of r_N, r_q and T/T0 beside the measured ones (scaling.planner.compare),
+    and a figure of both, appended to `drawn`."""
+    import glob
+    import json
+    from jaxrl_scale.scaling import planner
+    md = []
+    for plan_path in sorted(glob.glob(os.path.join(root, "plan*.json"))):
+        with open(plan_path) as f:
+            plan = json.load(f)
+        rows = planner.compare(plan, summary)
+        if not rows:
+            continue
+        counts = planner.compare_counts(rows)
+        rec = plan["recommended"]
+        md += [f"## Planner predictions vs measured ({os.path.basename(plan_path)})", "",
+               f"Probe at B0 = {fmt(plan['reference_batch'])}: {plan.get('noise_of', 'actor')} "
+               f"B_simple = {fmt_ci(plan['B_simple'], plan['B_simple_ci'])}; recommended "
+               f"B = {fmt(rec['batch'])} (range {fmt(rec['range'][0])}..{fmt(rec['range'][1])}). "
+               "✓ measured point inside the predicted interval, ~ intervals overlap, x disjoint.",
+               "", planner.format_compare(rows), "",
+               "- " + "; ".join(f"{m}: {c['inside']}/{c['n']} inside, {c['overlap']}/{c['n']} "
+                                f"overlap" for m, c in counts.items()), ""]
+        stem = os.path.splitext(os.path.basename(plan_path))[0]
+        drawn.append(planner.plot_plan(plan, path(stem + "_vs_measured.png"), rows))
+    return md
