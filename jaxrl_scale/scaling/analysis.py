@@ -28,15 +28,15 @@ from jaxrl_scale.scaling import stats
 from jaxrl_scale.scaling import step_cost
 from jaxrl_scale.scaling import time_to_target as ttt
 from jaxrl_scale.scaling.io import Run
+from jaxrl_scale.scaling.references import (AnalysisError, _group_size, _primary,  # noqa: F401
+                                            default_reference, default_references,
+                                            resolve_reference, resolve_references)
+from jaxrl_scale.scaling.rollout_compare import invariance, partial_rollout, rollout_means
 from jaxrl_scale.scaling.summary import AlgoSummary, ConfigStats, RunStats, Summary
+from jaxrl_scale.scaling.verdicts import VERDICTS, interval as _ci, verdict as _verdict  # noqa: F401
 from jaxrl_scale.scaling.throughput import step_costs
 
 SUMMARY_FILE = "summary.json"
-VERDICTS = ("faster", "slower", "indistinguishable", "not reached")
-
-
-class AnalysisError(ValueError):
-    """A problem with the inputs that the user must fix; the message names it."""
 
 
 def parse_target(target: Any) -> float | str:
@@ -61,94 +61,6 @@ def write_summary(out_dir: str, summary) -> str:
 
 _fin = is_number
 _or_none = or_none
-
-
-def _ci(x, level):
-    lo, hi = stats.quantile_ci(x, level)
-    return [_or_none(lo), _or_none(hi)]
-
-
-# ----------------------------------------------------------------------------- references
-
-
-def _base_batch(run: Run) -> float | None:
-    b = sio.config_get(run.config, "base_batch")
-    return float(b) if _fin(b) and b > 0 else None
-
-
-def _group_size(run: Run):
-    return sio.config_get(run.config, "group_size")
-
-
-def default_references(groups: dict[str, list[Run]]) -> dict[str, str]:
-    """{algo: config}: per algorithm, the config whose batch equals the sweep's base batch
-    (``base_batch`` in config.json), preferring lr rule sqrt, synchronous rollout and the most
-    common group size; without a base batch, the smallest batch with lr rule sqrt, else the
-    smallest batch."""
-    by_algo: dict[str, list[str]] = collections.defaultdict(list)
-    for g, rs in groups.items():
-        if any(r.evals for r in rs):
-            by_algo[rs[0].algo or "?"].append(g)
-    out = {}
-    for algo, names in by_algo.items():
-        first = {g: groups[g][0] for g in names}
-        bases = [b for b in (_base_batch(r) for r in first.values()) if b]
-        common_g = collections.Counter(_group_size(r) for r in first.values()).most_common(1)
-        common_g = common_g[0][0] if common_g else None
-        pool = [g for g in names if bases and first[g].batch == max(set(bases),
-                                                                   key=bases.count)]
-        if not pool:
-            sqrt = [g for g in names if first[g].lr_rule == "sqrt"]
-            pool = sqrt or names
-            lo = min(first[g].batch or math.inf for g in pool)
-            pool = [g for g in pool if (first[g].batch or math.inf) == lo]
-        out[algo] = min(pool, key=lambda g: (first[g].lr_rule != "sqrt",
-                                             first[g].gen_batch_ratio != 1,
-                                             _group_size(first[g]) != common_g, g))
-    return out
-
-
-def default_reference(runs: Sequence[Run]) -> Run:
-    """The first run of the primary algorithm's default reference config."""
-    groups = sio.group_runs(list(runs))
-    refs = default_references(groups)
-    if not refs:
-        raise AnalysisError("no run has eval records (records with a 'score' field)")
-    return groups[refs[_primary(refs)]][0]
-
-
-def _primary(refs: dict) -> str:
-    return "grpo" if "grpo" in refs else sorted(refs)[0]
-
-
-def resolve_references(runs: Sequence[Run], reference: str | None) -> dict[str, tuple[str, list[Run]]]:
-    """{algo: (reference name, its runs)}. ``reference`` (a run or a config name) overrides
-    the default of its own algorithm; a run name selects that run alone."""
-    groups = sio.group_runs(list(runs))
-    out = {a: (g, groups[g]) for a, g in default_references(groups).items()}
-    if reference is None:
-        return out
-    by_name = {r.name: r for r in runs}
-    if reference in groups:
-        chosen = (reference, groups[reference])
-    elif reference in by_name:
-        chosen = (reference, [by_name[reference]])
-    else:
-        raise AnalysisError(
-            f"reference {reference!r} not found; available runs: {sorted(by_name)}; "
-            f"config groups: {sorted(groups)}")
-    out[chosen[1][0].algo or "?"] = chosen
-    return out
-
-
-def resolve_reference(runs: Sequence[Run], reference: str | None) -> tuple[str, list[Run]]:
-    """(name, runs) of the primary algorithm's reference (see `resolve_references`)."""
-    refs = resolve_references(runs, reference)
-    if reference is not None:
-        for name, rs in refs.values():
-            if name == reference:
-                return name, rs
-    return refs[_primary(refs)]
 
 
 # ----------------------------------------------------------------------------- per run
@@ -258,17 +170,6 @@ def _config_reps(names: list[str], reps: dict, rng) -> tuple[np.ndarray, np.ndar
     pick = rng.integers(0, K, size=(B, K))
     cols = np.arange(B)[:, None]
     return N[pick, cols].mean(axis=1), Q[pick, cols].mean(axis=1)
-
-
-def _verdict(reached: bool, ci) -> str:
-    if not reached:
-        return "not reached"
-    lo, hi = ci
-    if hi is not None and hi < 1:
-        return "faster"
-    if lo is not None and lo > 1:
-        return "slower"
-    return "indistinguishable"
 
 
 def config_stats(groups: dict[str, list[Run]], per_run: dict, reps: dict, refs: dict,
@@ -440,102 +341,6 @@ def grad_norm_slopes(runs: Sequence[Run], configs: dict, ref: dict, n_boot: int,
     return out
 
 
-def _mean_curve(runs: Sequence[Run], reps: dict, grid: np.ndarray):
-    """Seed-mean curve on ``grid`` and the SE of each eval of that mean."""
-    curves = [np.interp(grid, *r.eval_curve()) for r in runs]
-    se = np.median(np.concatenate([reps[r.name]["se"] for r in runs]))
-    return np.mean(curves, axis=0), se / math.sqrt(len(runs))
-
-
-def invariance(cfg_runs: list[Run], ref_runs: list[Run], reps: dict, rng, level: float,
-               n_grid: int = 50, n_sim: int = 400) -> dict:
-    """Mean |J - J0| between the seed-mean curves over their common N range, against a band
-    derived from the eval noise: the ``level`` quantile of the same statistic for two curves
-    that differ by eval noise alone (simulated at both configs' eval points and SEs)."""
-    ns = [r.eval_curve()[0] for r in cfg_runs + ref_runs]
-    if any(n.size < 2 for n in ns):
-        return {"within": None, "reason": "fewer than 2 eval points"}
-    lo = max(n[0] for n in ns)
-    hi = min(n[-1] for n in ns)
-    if hi <= lo:
-        return {"within": None, "reason": "eval ranges do not overlap"}
-    grid = np.linspace(lo, hi, n_grid)
-    j, se = _mean_curve(cfg_runs, reps, grid)
-    j0, se0 = _mean_curve(ref_runs, reps, grid)
-    mad = float(np.mean(np.abs(j - j0)))
-    n1, n0 = cfg_runs[0].eval_curve()[0], ref_runs[0].eval_curve()[0]
-    sims = np.empty(n_sim)
-    for i in range(n_sim):
-        e1 = np.interp(grid, n1, rng.standard_normal(n1.size) * se)
-        e0 = np.interp(grid, n0, rng.standard_normal(n0.size) * se0)
-        sims[i] = np.mean(np.abs(e1 - e0))
-    band = float(np.quantile(sims, level))
-    return {"within": bool(mad <= band), "mean_abs_dev": mad, "band": band,
-            "mean_dev": float(np.mean(j - j0)), "grid": [float(lo), float(hi)]}
-
-
-ROLLOUT_KEYS = ("staleness_mean", "staleness_max", "off_policy_token_frac", "slot_occupancy")
-
-
-def rollout_means(runs: Sequence[Run]) -> dict:
-    """Seed mean of each run's mean partial-rollout record (staleness_max: the largest seen);
-    None where no run logs it."""
-    out = {}
-    for key in ROLLOUT_KEYS:
-        per = [v for v in (r.train_series(key)[1] for r in runs) if v.size]
-        if not per:
-            out[key] = None
-        elif key == "staleness_max":
-            out[key] = float(max(v.max() for v in per))
-        else:
-            out[key] = float(np.mean([v.mean() for v in per]))
-    return out
-
-
-def sync_twin(g: str, st: dict, configs: dict) -> str | None:
-    """The k = 1 config that differs from config g (k > 1) only in its rollout: same algo,
-    B_train, G and lr rule; the one named like g without its ``_k`` tag when several."""
-    if st.get("gen_batch_ratio", 1) == 1:
-        return None
-    key = lambda x: (x["algo"], x["batch"], x["group_size"], x["lr_rule"])
-    twins = [h for h, x in configs.items() if x.get("gen_batch_ratio", 1) == 1
-             and key(x) == key(st)]
-    if sio.strip_ratio(g) in twins:
-        return sio.strip_ratio(g)
-    return twins[0] if len(twins) == 1 else None
-
-
-def partial_rollout(configs: dict, creps: dict, groups: dict, reps: dict, rng,
-                    level: float) -> list[dict]:
-    """Partial rollout (B_gen = k * B_train) against its synchronous twin, per config with
-    k > 1: q, N* and T ratios (k-run / sync run) with the configs' seed-hierarchical bootstrap
-    replicates, a verdict from the T ratio's interval (as `config_stats` judges T/T0), the
-    learning curves against each other (stale tokens may cost samples) and the rollout
-    records' means."""
-    rows = []
-    for g, st in sorted(configs.items()):
-        h = sync_twin(g, st, configs)
-        if h is None:
-            continue
-        x0, a, b = configs[h], creps[g], creps[h]
-        both = bool(st["reached"] and x0["reached"])
-        point = lambda key: _or_none(stats.ratio(st[key], x0[key])) if _fin(st[key]) and _fin(
-            x0[key]) else None
-        t_ci = _ci(stats.ratio(a["T"], b["T"]), level)
-        rows.append({
-            "config": g, "sync_config": h, "algo": st["algo"], "batch": st["batch"],
-            "batch_gen": st["batch_gen"], "gen_batch_ratio": st["gen_batch_ratio"],
-            "reached": both, "q_ratio": point("q"),
-            "q_ratio_ci": _ci(stats.ratio(a["q"], b["q"]), level),
-            "r_N": point("N_star") if both else None,
-            "r_N_ci": _ci(stats.ratio(a["N"], b["N"]), level),
-            "T_ratio": point("T") if both else None,
-            "T_ratio_ci": t_ci, "verdict": _verdict(both, t_ci),
-            "curves": invariance(groups[g], groups[h], reps, rng, level),
-            **{k: st.get(k) for k in ROLLOUT_KEYS}})
-    return rows
-
-
 def clipped_update_fraction(run: Run) -> float | None:
     """Share of updates whose pre-clip actor grad norm exceeded max_grad_norm."""
     lim = sio.config_get(run.config, "max_grad_norm")
@@ -689,7 +494,7 @@ def analyze_runs(runs: Sequence[Run], target: Any = "auto", reference: str | Non
 def analyze_sweep(sweep_dir: str | None, target: Any = "auto", reference: str | None = None,
                   tolerance: float = 0.25, fit_sigmoid: bool = False, *,
                   extra_runs: Sequence[Run] = (), **kwargs) -> dict:
-    """Summary dict of a sweep directory (plus ``extra_runs``, e.g. CSV imports).
+    """summary.json dict of a sweep directory (plus ``extra_runs``, e.g. CSV imports).
 
     Keys: the uncertainty contract of docs/API.md (ci_level, eval_se, signal_to_noise,
     reference_config(s), configs {N_star(_ci), q(_ci), r_N(_ci), r_q(_ci), T_over_T0(_ci),

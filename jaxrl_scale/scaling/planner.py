@@ -7,7 +7,7 @@ reference batch B0 and a step-time fit, before running the sweep (SCIENCE.md sec
     T/T0   = r_N / r_q                                                 (section 1)
 
 k = gen_batch_ratio (B_gen = k B_train; an update's collection is about 1/k of one generation
-round with k B in flight, as in `analysis.gen_seconds`). B_simple comes from the gradient-norm
+round with k B in flight, as in `step_cost.gen_seconds`). B_simple comes from the gradient-norm
 fields the probe's training records carry (docs/API.md), over the updates around the reference's
 N* (`noise.n_star_window`), with a moving-block bootstrap; the step-time fit comes with a
 bootstrap of its four parameters. Replicate i of each is paired into one joint draw (the two

@@ -25,6 +25,7 @@ from jaxrl_scale.numbers import is_number, or_none
 from jaxrl_scale.scaling import stats
 from jaxrl_scale.scaling.io import Run
 from jaxrl_scale.scaling.stats import CI_LEVEL, quantile_ci
+from jaxrl_scale.scaling.verdicts import interval as _ci
 
 COLUMNS = ("d0", "d1", "gamma", "overhead")   # column order of every theta [..., 4] / "boot"
 _fin = is_number
@@ -322,7 +323,3 @@ def fit_runs(runs: Sequence[Run], costs: dict, n_boot: int, rng, level: float,
         out["train_fit"] = train
     return out
 
-
-def _ci(x, level) -> list:
-    lo, hi = quantile_ci(x, level)
-    return [or_none(lo), or_none(hi)]
