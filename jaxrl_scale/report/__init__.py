@@ -6,17 +6,10 @@ each T/T0 with its interval), the fastest set, both critical batches and the sou
 findings, each marked reproduced / not reproduced / undetermined; then, when the sweep ran
 configs with asynchronous partial rollout (gen_batch_ratio k > 1), "## Partial rollout vs
 synchronous": q, N* and T ratios against the synchronous twin. Every number comes from
-the summary of `jaxrl_scale.scaling.analysis.analyze_sweep`, with its interval at the
+the typed summary of `jaxrl_scale.scaling.analysis.analyze`, with its interval at the
 summary's ``ci_level`` where it has one.
 
-Figures (SCIENCE.md sections 1-4), intervals drawn wherever a number has one:
-  learning_curves.png   seed-mean J vs responses per config, band min..max over seeds
-                        (one seed: +-eval SE); solid sqrt lr, dashed fixed lr; target line
-  time_to_target.png    T/T0 vs batch per lr rule, error bars = interval; fastest set marked
-  critical_batches.png  generation throughput with the fitted B / (d0 + d1 B) | r_N vs batch
-  grad_norm.png         actor (and critic) grad norm vs batch, log-log, with a -1/2 guide
-  collection_time.png   responses per step and collection seconds per step, both / smallest
-                        batch (the source's Figure 7)
+Figures (SCIENCE.md sections 1-4): `FIGURES`, each described in `figures`.
 
 Split by what it is: `figures` (PNG), `tables` (markdown tables), `text` (sentences), `base`
 (shared views of the summary). Renders only: every number and decision comes from the
