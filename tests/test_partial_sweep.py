@@ -150,7 +150,7 @@ def test_b_gen_varied_only_by_k_decides_no_source_finding():
     assert m["sync_batches"] == 1 and m["d0"] is not None
     status, _, text, _ = findings.sublinear_collection(m, {}, 0.9)
     assert status == "undetermined" and "gen_batch_ratio" in text
-    assert "CAUTION" in report.text._cgb_line({"critical_generation_batch": m})
+    assert "CAUTION" in report.text._cgb_line(m)
 
 
 def test_sample_analyses_keep_to_the_reference_rollout(tmp_path):

@@ -43,9 +43,9 @@ def render(summary, out_dir: str, runs: Sequence[Run] = (), plans_dir: str | Non
     in ``plans_dir`` (default ``out_dir``) get a predictions-vs-measured section. Returns the
     path of report.md. Figures that have no data (e.g. no grad norms logged) are listed as
     not drawn, with the reason."""
-    summary = as_summary(summary).to_json()
+    summary = as_summary(summary)
     os.makedirs(out_dir, exist_ok=True)
-    names = set(summary.get("runs") or {})
+    names = set(summary.runs)
     runs = [r for r in runs if r.name in names]
 
     drawn, missing = [], []
@@ -64,8 +64,8 @@ def render(summary, out_dir: str, runs: Sequence[Run] = (), plans_dir: str | Non
 
     main, finds = _answer(summary)
     lvl = _level(summary)
-    any_seeds = any((st.get("seeds") or 0) > 1 for st in _configs(summary).values())
-    t = summary.get("target")
+    any_seeds = any((st.seeds or 0) > 1 for st in _configs(summary).values())
+    t = summary.primary.target
     md = [f"# Sweep report: time to target J* = {fmt(t, 4)}", "", "## Answer", ""]
     md += [f"- {s}" for s in main]
     md += ["", "Source findings:", ""]
@@ -85,9 +85,9 @@ def render(summary, out_dir: str, runs: Sequence[Run] = (), plans_dir: str | Non
                f"{lvl} intervals from the same seed bootstrap as T/T0; faster / slower when "
                "the whole T ratio interval is below / above 1.", ""]
         md += [f"- {x}" for x in partial] + [""]
-    if summary.get("sweep_dir"):
-        md += [f"Sweep: `{summary['sweep_dir']}`. References: " + ", ".join(
-            f"{a}: `{g}`" for a, g in (summary.get("reference_configs") or {}).items()) + ".", ""]
+    if summary.sweep_dir:
+        md += [f"Sweep: `{summary.sweep_dir}`. References: " + ", ".join(
+            f"{a}: `{g}`" for a, g in summary.reference_configs.items()) + ".", ""]
     md += ["## Configs", "", format_table(summary), ""]
     if any_seeds:
         md += ["### Per run", "", format_table(summary, per_run=True), ""]
@@ -102,10 +102,10 @@ def render(summary, out_dir: str, runs: Sequence[Run] = (), plans_dir: str | Non
     if missing:
         md += ["Not drawn:", ""] + [f"- {m}" for m in missing] + [""]
     md += ["## Skipped directories", ""]
-    md += ([f"- `{s['dir']}`: {s['reason']}" for s in summary.get("skipped", [])]
+    md += ([f"- `{s['dir']}`: {s['reason']}" for s in summary.skipped]
            or ["- none"]) + [""]
-    if summary.get("warnings"):
-        md += ["## Warnings", ""] + [f"- {w}" for w in summary["warnings"]] + [""]
+    if summary.warnings:
+        md += ["## Warnings", ""] + [f"- {w}" for w in summary.warnings] + [""]
     path = os.path.join(out_dir, REPORT_FILE)
     with open(path + ".tmp", "w") as f:
         f.write("\n".join(md))

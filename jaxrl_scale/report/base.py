@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from jaxrl_scale.numbers import Interval, fmt, is_number
+from jaxrl_scale.scaling.summary import AlgoSummary, ConfigStats, Summary
 
 
 REPORT_FILE = "report.md"
@@ -40,65 +41,64 @@ def _contains(ci, v) -> bool:
     return Interval.of(ci).contains(v)
 
 
-def _level(summary: dict) -> str:
-    return f"{summary.get('ci_level', 0.9):.0%}"
+def _level(s: Summary) -> str:
+    return f"{s.ci_level:.0%}"
 
 
-def _configs(summary: dict) -> dict:
-    return summary.get("configs") or {}
+def _configs(s: Summary) -> dict[str, ConfigStats]:
+    return s.configs
 
 
-def _algos(summary: dict) -> list[str]:
+def _algos(s: Summary) -> list[str]:
     """Algorithms, the primary first."""
-    algos = list((summary.get("algos") or {}).keys())
-    p = summary.get("primary_algo")
-    return sorted(algos, key=lambda a: (a != p, a))
+    return sorted(s.algos, key=lambda a: (a != s.primary_algo, a))
 
 
-def _algo_of(st: dict) -> str:
-    return st.get("algo") or "?"
+def _algo_of(st: ConfigStats) -> str:
+    return st.algo or "?"
 
 
-def _algo_info(summary: dict, algo: str) -> dict:
-    return (summary.get("algos") or {}).get(algo) or {}
+def _algo_info(s: Summary, algo: str) -> AlgoSummary:
+    return s.algos[algo]
 
 
-def _multi(summary: dict) -> bool:
-    return len(summary.get("algos") or {}) > 1
+def _multi(s: Summary) -> bool:
+    return len(s.algos) > 1
 
 
-def _sorted_configs(summary: dict, algo: str | None = None) -> list[tuple[str, dict]]:
-    items = [(g, st) for g, st in _configs(summary).items()
-             if algo is None or _algo_of(st) == algo]
-    return sorted(items, key=lambda kv: (_algo_of(kv[1]), kv[1].get("batch") or math.inf,
-                                         kv[1].get("lr_rule") or "", kv[0]))
+def _sorted_configs(s: Summary, algo: str | None = None) -> list[tuple[str, ConfigStats]]:
+    items = [(g, st) for g, st in s.configs.items() if algo is None or _algo_of(st) == algo]
+    return sorted(items, key=lambda kv: (_algo_of(kv[1]), kv[1].batch or math.inf,
+                                         kv[1].lr_rule or "", kv[0]))
 
 
-def _is_ref(summary: dict, g: str, st: dict) -> bool:
-    return bool(st.get("is_reference")) or g in (summary.get("reference_configs") or {}).values()
+def _is_ref(s: Summary, g: str, st: ConfigStats) -> bool:
+    return bool(st.is_reference) or g in s.reference_configs.values()
 
 
-def _ratio(st: dict):
-    return st.get("gen_batch_ratio", 1) or 1
+def _ratio(st) -> float:
+    """k = gen_batch_ratio of a config (1: synchronous rollout)."""
+    return st.gen_batch_ratio or 1
 
 
-def _desc(st: dict) -> str:
-    bits = [f"B={fmt(st.get('batch'))}"]
+def _desc(st: ConfigStats) -> str:
+    bits = [f"B={fmt(st.batch)}"]
     if _ratio(st) != 1:
-        bits.append(f"partial rollout k={fmt(_ratio(st))}, B_gen={fmt(st.get('batch_gen'))}")
-    if st.get("lr_rule"):
-        bits.append(f"lr {st['lr_rule']}")
-    if st.get("group_size") is not None:
-        bits.append(f"G={st['group_size']}")
+        bits.append(f"partial rollout k={fmt(_ratio(st))}, B_gen={fmt(st.batch_gen)}")
+    if st.lr_rule:
+        bits.append(f"lr {st.lr_rule}")
+    if st.group_size is not None:
+        bits.append(f"G={st.group_size}")
     return ", ".join(bits)
 
 
-def _per_batch(summary: dict, key: str) -> tuple[list[float], list[float]]:
+def _per_batch(s: Summary, key: str) -> tuple[list[float], list[float]]:
     """Config means of ``key`` per batch, synchronous rollout only (a partial-rollout update
     collects B_train responses from k * B_train in flight: another cost curve)."""
     by_b: dict[float, list[float]] = {}
-    for st in _configs(summary).values():
-        if _ok(st.get("batch")) and _ok(st.get(key)) and st[key] > 0 and _ratio(st) == 1:
-            by_b.setdefault(st["batch"], []).append(st[key])
+    for st in s.configs.values():
+        v = getattr(st, key)
+        if _ok(st.batch) and _ok(v) and v > 0 and _ratio(st) == 1:
+            by_b.setdefault(st.batch, []).append(v)
     bs = sorted(by_b)
     return bs, [float(np.mean(by_b[b])) for b in bs]

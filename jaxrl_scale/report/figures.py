@@ -24,6 +24,7 @@ from jaxrl_scale.report.base import (ALGO_MARKERS, OTHER_STYLE, RULE_STYLES, _al
                                      _per_batch, _ratio)
 from jaxrl_scale.report.tables import _table_verdict
 from jaxrl_scale.scaling.io import Run
+from jaxrl_scale.scaling.summary import Summary
 
 
 def _style(rule):
@@ -45,7 +46,7 @@ def _save(fig: Figure, path: str) -> str:
     return path
 
 
-def _mean_band(rs: Sequence[Run], summary: dict):
+def _mean_band(rs: Sequence[Run], summary: Summary):
     """(N grid, seed-mean J, band lo, band hi, band kind) of one config's runs."""
     curves = [r.eval_curve() for r in rs if r.eval_curve()[0].size]
     if not curves:
@@ -59,20 +60,21 @@ def _mean_band(rs: Sequence[Run], summary: dict):
     mean = ys.mean(axis=0)
     if len(curves) > 1:
         return grid, mean, ys.min(axis=0), ys.max(axis=0), "min..max over seeds"
-    se = (summary.get("runs") or {}).get(rs[0].name, {}).get("eval_se")
+    x = summary.runs.get(rs[0].name)
+    se = x.eval_se if x is not None else None
     se = se if _ok(se) else 0.0
     return grid, mean, mean - se, mean + se, "±eval SE"
 
 
-def plot_learning_curves(runs: Sequence[Run], summary: dict, path: str) -> str | None:
+def plot_learning_curves(runs: Sequence[Run], summary: Summary, path: str) -> str | None:
     groups: dict[str, list[Run]] = {}
     for r in runs:
         groups.setdefault(r.group or r.name, []).append(r)
     if not any(r.evals for r in runs):
         return None
     configs = _configs(summary)
-    algos = sorted({(r.algo or "?") for r in runs}, key=lambda a: (a != summary.get(
-        "primary_algo"), a))
+    algos = sorted({(r.algo or "?") for r in runs},
+                   key=lambda a: (a != summary.primary_algo, a))
     fig = Figure(figsize=(7 * len(algos), 4.8), layout="constrained")
     axes = fig.subplots(1, len(algos), squeeze=False)[0]
     colors = _batch_colors([r.batch for r in runs])
@@ -86,9 +88,9 @@ def plot_learning_curves(runs: Sequence[Run], summary: dict, path: str) -> str |
                 continue
             grid, mean, lo, hi, kind = got
             kinds.add(kind)
-            st = configs.get(g) or {}
+            st = configs.get(g)
             color = colors.get(rs[0].batch, "gray")
-            ref = " (ref)" if _is_ref(summary, g, st) else ""
+            ref = " (ref)" if st is not None and _is_ref(summary, g, st) else ""
             verdict = _table_verdict(summary, g, st) if st and not ref else "-"
             label = (f"{g}{ref}: B={fmt(rs[0].batch)}, {len(rs)} seed(s)"
                      + (f", {verdict}" if verdict != "-" and not verdict.startswith("n/a")
@@ -97,7 +99,7 @@ def plot_learning_curves(runs: Sequence[Run], summary: dict, path: str) -> str |
             ax.plot(grid, mean, linestyle=_style(rs[0].lr_rule), color=color, lw=1.5,
                     label=label, marker="^" if partial else None, markevery=0.1, ms=4)
             ax.fill_between(grid, lo, hi, color=color, alpha=0.18, lw=0)
-        t = (summary.get("targets") or {}).get(algo, summary.get("target"))
+        t = summary.targets.get(algo, summary.primary.target)
         if _ok(t):
             ax.axhline(t, color="red", lw=0.9, ls=":", label=f"target J* = {fmt(t)}")
         ax.set_xlabel("cumulative retained responses N")
@@ -111,11 +113,10 @@ def plot_learning_curves(runs: Sequence[Run], summary: dict, path: str) -> str |
     return _save(fig, path)
 
 
-def plot_grad_norm(summary: dict, path: str) -> str | None:
+def plot_grad_norm(summary: Summary, path: str) -> str | None:
     entries = []
-    for algo in _algos(summary) or [summary.get("primary_algo")]:
-        grad = _algo_info(summary, algo).get("grad_norm") or (
-            summary.get("grad_norm") if algo == summary.get("primary_algo") else None) or {}
+    for algo in _algos(summary):
+        grad = _algo_info(summary, algo).grad_norm
         for key, g in grad.items():
             if g and len(g.get("batches") or []) >= 2:
                 entries.append((algo, key, g))
@@ -151,7 +152,7 @@ def plot_grad_norm(summary: dict, path: str) -> str | None:
     return _save(fig, path)
 
 
-def plot_collection_time(summary: dict, path: str) -> str | None:
+def plot_collection_time(summary: Summary, path: str) -> str | None:
     bs, coll = _per_batch(summary, "collection_s_per_step")
     if not bs:
         return None
@@ -169,7 +170,7 @@ def plot_collection_time(summary: dict, path: str) -> str | None:
     ax.set_xticks(x, [fmt(b) for b in bs])
     ax.set_xlabel("batch (retained responses per update)")
     ax.set_ylabel(f"relative to B={fmt(bs[0])}")
-    metric = (summary.get("critical_generation_batch") or {}).get("metric") or "?"
+    metric = summary.primary.critical_generation_batch.get("metric") or "?"
     ax.set_title(f"Per-step growth vs the smallest batch (source Fig. 7); collection = {metric}",
                  fontsize=9)
     ax.legend(fontsize=8)
@@ -186,7 +187,7 @@ def _yerr(vals, cis, top):
     return np.array([lo_e, hi_e])
 
 
-def plot_time_to_target(summary: dict, path: str) -> str:
+def plot_time_to_target(summary: Summary, path: str) -> str:
     """T/T0 vs batch with interval bars; when no config has a T/T0 (the reference missed the
     target) the absolute time to target T of the configs that reached it instead."""
     fig = Figure(figsize=(7, 4.6), layout="constrained")
@@ -194,45 +195,44 @@ def plot_time_to_target(summary: dict, path: str) -> str:
     configs = _configs(summary)
     multi = _multi(summary)
     algos = _algos(summary) or sorted({_algo_of(st) for st in configs.values()})
-    ratio = any(_ok(st.get("T_over_T0")) for st in configs.values())
+    ratio = any(_ok(st.T_over_T0) for st in configs.values())
     key, ci_key = ("T_over_T0", "T_over_T0_ci") if ratio else ("T", None)
-    vals = [st[key] for st in configs.values() if _ok(st.get(key))]
-    his = [_ci(st.get(ci_key))[1] for st in configs.values()] if ci_key else []
+    vals = [getattr(st, key) for st in configs.values() if _ok(getattr(st, key))]
+    his = [_ci(getattr(st, ci_key))[1] for st in configs.values()] if ci_key else []
     top = max(vals + [h for h in his if _ok(h)] + [1.0 if ratio else 0.0]) * 1.15 or 1.0
     best = set()
     for algo in algos:
-        best |= set(_algo_info(summary, algo).get("best_set") or [])
-    best |= set(summary.get("best_set") or [])
+        best |= set(_algo_info(summary, algo).best_set)
     # one series per (algo, lr rule, group size, rollout ratio): a line never joins different
     # group sizes or rollouts
     series: dict[tuple, list] = {}
     for g, st in configs.items():
-        if _ok(st.get("batch")):
+        if _ok(st.batch):
             k = (algos.index(_algo_of(st)) if _algo_of(st) in algos else len(algos),
-                 st.get("lr_rule") or "?", str(st.get("group_size")), _ratio(st))
+                 st.lr_rule or "?", str(st.group_size), _ratio(st))
             series.setdefault(k, []).append((g, st))
     n_gs = len({k[2] for k in series if k[2] != "None"})
     for si, k in enumerate(sorted(series)):
         ai, rule, gs, ratio_k = k
         algo = algos[ai] if ai < len(algos) else "?"
         color, marker = f"C{si % 10}", ALGO_MARKERS[ai % len(ALGO_MARKERS)]
-        pts = [(st["batch"] * 1.03 ** si, g, st) for g, st in
-               sorted(series[k], key=lambda kv: (kv[1]["batch"], kv[0]))]
-        ok = [(x, g, st) for x, g, st in pts if _ok(st.get(key))]
+        pts = [(st.batch * 1.03 ** si, g, st) for g, st in
+               sorted(series[k], key=lambda kv: (kv[1].batch, kv[0]))]
+        ok = [(x, g, st) for x, g, st in pts if _ok(getattr(st, key))]
         name = ((f"{algo} " if multi else "") + f"lr {rule}"
                 + (f" G={gs}" if n_gs > 1 and gs != "None" else "")
                 + (f" k={fmt(ratio_k)}" if ratio_k != 1 else ""))
         if ok:
-            ys = [st[key] for _, _, st in ok]
-            err = _yerr(ys, [st.get(ci_key) for _, _, st in ok], top) if ci_key else None
+            ys = [getattr(st, key) for _, _, st in ok]
+            err = _yerr(ys, [getattr(st, ci_key) for _, _, st in ok], top) if ci_key else None
             ax.errorbar([x for x, _, _ in ok], ys, yerr=err, ls=_style(rule), marker=marker,
                         color=color, capsize=3,
                         label=name + (f" ({_level(summary)} interval)" if ci_key else ""))
             for x, g, st in ok:
                 if g in best:
-                    ax.scatter([x], [st[key]], marker="*", s=260, color="gold",
+                    ax.scatter([x], [getattr(st, key)], marker="*", s=260, color="gold",
                                edgecolor="k", zorder=5)
-        miss = [x for x, _, st in pts if not st.get("reached")]
+        miss = [x for x, _, st in pts if not st.reached]
         if miss:
             ax.scatter(miss, [top] * len(miss), marker="x", color=color, s=60,
                        label=f"{name}: not reached")
@@ -249,18 +249,17 @@ def plot_time_to_target(summary: dict, path: str) -> str:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch (retained responses per update)")
     ax.set_ylabel(("T / T0 = r_N / r_q" if ratio else "T (s) to J*") + "   (x: not reached)")
-    refs = summary.get("reference_configs") or {}
-    ax.set_title(f"Time to target J*={fmt(summary.get('target'))} vs reference "
-                 + ", ".join(refs.values() or [str(summary.get("reference"))]), fontsize=9)
+    ax.set_title(f"Time to target J*={fmt(summary.primary.target)} vs reference "
+                 + ", ".join(summary.reference_configs.values()), fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
 
-def plot_critical_batches(summary: dict, path: str) -> str:
+def plot_critical_batches(summary: Summary, path: str) -> str:
     fig = Figure(figsize=(12, 4.6), layout="constrained")
     ax1, ax2 = fig.subplots(1, 2)
-    cgb = summary.get("critical_generation_batch") or {}
+    cgb = summary.primary.critical_generation_batch
     pts = cgb.get("points") or []
     if pts:
         b = np.array([p["batch"] for p in pts], float)
@@ -298,11 +297,9 @@ def plot_critical_batches(summary: dict, path: str) -> str:
     ax1.legend(fontsize=7)
     ax1.grid(alpha=0.3)
 
-    tol = summary.get("tolerance")
-    algos = _algos(summary) or [summary.get("primary_algo")]
-    ctbs = [_algo_info(summary, algo).get("critical_training_batch") or (
-        summary.get("critical_training_batch") if ai == 0 else None) or {}
-        for ai, algo in enumerate(algos)]
+    tol = summary.tolerance
+    algos = _algos(summary)
+    ctbs = [_algo_info(summary, algo).critical_training_batch for algo in algos]
     ymax = 1.0 + (tol or 0.0)
     for ctb in ctbs:
         for p in ctb.get("points") or []:
@@ -340,7 +337,7 @@ def plot_critical_batches(summary: dict, path: str) -> str:
         ax2.axhline(1 + tol, color="gray", ls=":", lw=0.9,
                     label=f"r_N = 1 + tolerance = {1 + tol:g}")
     ax2.axhline(1.0, color="gray", lw=0.5)
-    if not summary.get("reference_reached"):
+    if not summary.primary.reference_reached:
         ax2.text(0.5, 0.5, "no r_N: the reference did not reach the target",
                  transform=ax2.transAxes, ha="center", va="center", color="C3")
     ax2.set_xscale("log", base=2)

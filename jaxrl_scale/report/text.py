@@ -8,24 +8,25 @@ import os
 
 from jaxrl_scale.numbers import fmt, fmt_ci
 from jaxrl_scale.report.base import (MIN_SNR, _algo_info, _algo_of, _algos, _configs, _desc,
-                                     _is_ref, _level, _ok, _per_batch, _sorted_configs)
+                                     _is_ref, _level, _multi, _ok, _per_batch, _sorted_configs)
 from jaxrl_scale.scaling import findings as findings_mod
+from jaxrl_scale.scaling.summary import Summary, as_summary
 
 
-def _power_line(summary: dict, algo: str, prefix: str) -> str:
+def _power_line(summary: Summary, algo: str, prefix: str) -> str:
     a = _algo_info(summary, algo)
-    se = a.get("eval_se", summary.get("eval_se"))
-    src = a.get("eval_se_source", summary.get("eval_se_source"))
-    t = a.get("target", summary.get("target"))
-    rule = a.get("target_rule") if summary.get("algos") else summary.get("target_rule")
-    start = a.get("start_score", summary.get("start_score"))
-    snr = a.get("signal_to_noise", summary.get("signal_to_noise"))
+    se = a.eval_se
+    src = a.eval_se_source
+    t = a.target
+    rule = a.target_rule
+    start = a.start_score
+    snr = a.signal_to_noise
     tgt = f"J* = {fmt(t)}"
     if rule:
         tgt += (f" (auto: {rule.get('rule')}; start {fmt(rule.get('start'))}, reach "
                 f"{fmt(rule.get('reach'))})")
-    ref = a.get("reference_config", summary.get("reference"))
-    jit = a.get("curve_jitter_se", summary.get("curve_jitter_se"))
+    ref = a.reference_config
+    jit = a.curve_jitter_se
     s = f"{prefix}Power (reference {ref}): eval SE = {fmt(se)} ({src or 'unknown source'}); " \
         + (f"the curves jitter by {fmt(jit)} between evals (policy noise included; the "
            f"bootstrap never uses less); " if _ok(jit) else "") + \
@@ -44,12 +45,12 @@ def _power_line(summary: dict, algo: str, prefix: str) -> str:
     return s
 
 
-def _ref_miss_line(summary: dict, algo: str, prefix: str) -> str:
+def _ref_miss_line(summary: Summary, algo: str, prefix: str) -> str:
     a = _algo_info(summary, algo)
-    ref = a.get("reference_config", summary.get("reference"))
-    t = a.get("target", summary.get("target"))
-    best = a.get("reference_best_smoothed")
-    se = a.get("eval_se", summary.get("eval_se"))
+    ref = a.reference_config
+    t = a.target
+    best = a.reference_best_smoothed
+    se = a.eval_se
     s = f"{prefix}The reference {ref} did NOT reach the target J* = {fmt(t)}"
     if _ok(best) and _ok(t):
         s += f": its best smoothed score is {fmt(best)}, {fmt(t - best)} below the target"
@@ -59,51 +60,50 @@ def _ref_miss_line(summary: dict, algo: str, prefix: str) -> str:
                 "curves, throughput and grad norms below still stand.")
 
 
-def _verdict_lines(summary: dict, algo: str, prefix: str) -> list[str]:
+def _verdict_lines(summary: Summary, algo: str, prefix: str) -> list[str]:
     a = _algo_info(summary, algo)
-    ref = a.get("reference_config", summary.get("reference"))
+    ref = a.reference_config
     items = [(g, st) for g, st in _sorted_configs(summary, algo) if not _is_ref(summary, g, st)]
     out = []
     lvl = _level(summary)
-    by = {v: [(g, st) for g, st in items if st.get("verdict") == v]
+    by = {v: [(g, st) for g, st in items if st.verdict == v]
           for v in ("faster", "slower", "indistinguishable", "not reached")}
     def tt(g, st):
-        return f"{g} ({_desc(st)}): T/T0 = {fmt_ci(st.get('T_over_T0'), st.get('T_over_T0_ci'))}"
+        return f"{g} ({_desc(st)}): T/T0 = {fmt_ci(st.T_over_T0, st.T_over_T0_ci)}"
 
     out.append(f"{prefix}Faster than the reference {ref} (T/T0 {lvl} interval below 1): "
                + ("; ".join(tt(g, st) for g, st in sorted(
-                   by["faster"], key=lambda kv: kv[1]["T_over_T0"])) or "none") + ".")
+                   by["faster"], key=lambda kv: kv[1].T_over_T0)) or "none") + ".")
     out.append(f"{prefix}Slower (interval above 1): "
                + ("; ".join(tt(g, st) for g, st in sorted(
-                   by["slower"], key=lambda kv: kv[1]["T_over_T0"])) or "none") + ".")
+                   by["slower"], key=lambda kv: kv[1].T_over_T0)) or "none") + ".")
     out.append(f"{prefix}Indistinguishable from the reference (interval contains 1): "
                + ("; ".join(tt(g, st) for g, st in by["indistinguishable"]) or "none") + ".")
     if by["not reached"]:
         out.append(f"{prefix}Not reached: " + "; ".join(
-            f"{g} ({_desc(st)}): {st.get('seeds_reached', 0)}/{st.get('seeds', '?')} seeds "
+            f"{g} ({_desc(st)}): {st.seeds_reached}/{st.seeds} seeds "
             f"reached J*" for g, st in by["not reached"]) + ".")
     return out
 
 
-def _best_line(summary: dict, algo: str, prefix: str) -> str:
+def _best_line(summary: Summary, algo: str, prefix: str) -> str:
     a = _algo_info(summary, algo)
-    best = a.get("best_set") if summary.get("algos") else summary.get("best_set")
-    best = list(best or [])
+    best = list(a.best_set)
     configs = _configs(summary)
-    ref_ok = a.get("reference_reached", summary.get("reference_reached"))
+    ref_ok = a.reference_reached
 
     def one(g):
-        st = configs.get(g) or {}
-        s = f"{g} ({_desc(st)}, T = {fmt(st.get('T'))} s"
-        if ref_ok and _ok(st.get("T_over_T0")):
-            s += f", T/T0 = {fmt_ci(st.get('T_over_T0'), st.get('T_over_T0_ci'))}"
+        st = configs[g]
+        s = f"{g} ({_desc(st)}, T = {fmt(st.T)} s"
+        if ref_ok and _ok(st.T_over_T0):
+            s += f", T/T0 = {fmt_ci(st.T_over_T0, st.T_over_T0_ci)}"
         return s + ")"
 
     if not best:
         return f"{prefix}No config reached J*: there is no fastest set."
     if not ref_ok:
         prefix += "Among the configs that reached J* on their own (no T/T0): "
-    n_reached = sum(bool(st.get("reached")) for _, st in _sorted_configs(summary, algo))
+    n_reached = sum(bool(st.reached) for _, st in _sorted_configs(summary, algo))
     if len(best) == 1 and n_reached <= 1:
         return f"{prefix}Fastest: {one(best[0])}, the only config that reached J*."
     if len(best) == 1:
@@ -112,16 +112,14 @@ def _best_line(summary: dict, algo: str, prefix: str) -> str:
             f"{best[0]}; no single best): " + "; ".join(one(g) for g in best) + ".")
 
 
-def _ctb_line(summary: dict, algo: str, prefix: str) -> str:
+def _ctb_line(summary: Summary, algo: str, prefix: str) -> str:
     a = _algo_info(summary, algo)
-    ctb = a.get("critical_training_batch") or (
-        summary.get("critical_training_batch") if algo == summary.get("primary_algo") else {})
-    ctb = ctb or {}
-    tol = ctb.get("tolerance", summary.get("tolerance"))
+    ctb = a.critical_training_batch
+    tol = ctb["tolerance"]
     lim = 1 + tol if _ok(tol) else None
     pts = {p["batch"]: p for p in ctb.get("points") or []}
     rule = ctb.get("lr_rule") or "-"
-    ref_ok = a.get("reference_reached", summary.get("reference_reached"))
+    ref_ok = a.reference_reached
     if not ref_ok:
         return (f"{prefix}Critical training batch: undetermined (the reference did not reach "
                 "J*, so no r_N).")
@@ -145,8 +143,8 @@ def _ctb_line(summary: dict, algo: str, prefix: str) -> str:
     return s + "."
 
 
-def _cgb_line(summary: dict) -> str:
-    cgb = summary.get("critical_generation_batch") or {}
+def _cgb_line(cgb: dict) -> str:
+    """The critical generation batch sentence from the primary algorithm's step-cost fit."""
     pts = cgb.get("points") or []
     kind = cgb.get("batch_kind") or "batch"
     what = "collection (gen_s)" if cgb.get("metric") == "gen_s" else \
@@ -184,38 +182,39 @@ def _mixed_note(cgb: dict) -> str:
 
 # --- source findings: decided in scaling/findings.py and stored in summary.json; rendered here.
 
-def source_findings(summary: dict) -> list[tuple[int, str, str, str]]:
+def source_findings(summary) -> list[tuple[int, str, str, str]]:
     """[(number, claim, status, detail)] of the summary's findings (numbered in the order of
-    `findings.IDS`; "[algo]" after the claim when the sweep has several algorithms)."""
-    multi = len(summary.get("algos") or {}) > 1
+    `findings.IDS`; "[algo]" after the claim when the sweep has several algorithms). A summary
+    recorded before findings were data has none (regenerate it from its logs)."""
+    summary = as_summary(summary)
+    multi = _multi(summary)
     out = []
-    # a summary recorded before findings were data has none (regenerate it from its logs)
-    for f in summary.get("findings") or ():
-        k = findings_mod.IDS.index(f["id"]) + 1
-        claim = f["claim"] + (f" [{f['algo']}]" if multi and f.get("algo") else "")
-        out.append((k, claim, f["status"], f["detail"]))
+    for f in summary.findings:
+        k = findings_mod.IDS.index(f.id) + 1
+        claim = f.claim + (f" [{f.algo}]" if multi and f.algo else "")
+        out.append((k, claim, f.status, f.detail))
     return out
 
 
-def _answer(summary: dict) -> tuple[list[str], list[str]]:
+def _answer(summary: Summary) -> tuple[list[str], list[str]]:
     main = []
-    algos = _algos(summary) or [summary.get("primary_algo") or "?"]
+    algos = _algos(summary)
     multi = len(algos) > 1
     for algo in algos:
         a = _algo_info(summary, algo)
         prefix = f"[{algo}] " if multi else ""
-        if not a.get("reference_reached", summary.get("reference_reached")):
+        if not a.reference_reached:
             main.append(_ref_miss_line(summary, algo, prefix))
             main.append(_power_line(summary, algo, prefix))
             main.append(f"{prefix}Seeds that reached J* per config: " + "; ".join(
-                f"{g} {st.get('seeds_reached', 0)}/{st.get('seeds', '?')}"
+                f"{g} {st.seeds_reached}/{st.seeds}"
                 for g, st in _sorted_configs(summary, algo)) + ".")
         else:
             main.append(_power_line(summary, algo, prefix))
             main += _verdict_lines(summary, algo, prefix)
         main.append(_best_line(summary, algo, prefix))
         main.append(_ctb_line(summary, algo, prefix))
-    main.append(_cgb_line(summary))
+    main.append(_cgb_line(summary.primary.critical_generation_batch))
     finds = [f"Source finding ({k}) {claim}: {status.upper()}: {why}."
              for k, claim, status, why in source_findings(summary)]
     return main, finds
@@ -248,54 +247,57 @@ def _partial_line(x: dict) -> str:
     return s + ("; " + ", ".join(roll) if roll else "") + "."
 
 
-def partial_rollout_lines(summary: dict) -> list[str]:
+def partial_rollout_lines(summary: Summary) -> list[str]:
     """One line per config run with partial rollout (k > 1) against its synchronous twin:
     q ratio, r_N, T ratio with intervals and the verdict; empty without such configs."""
-    return [_partial_line(x) for x in summary.get("partial_rollout") or []]
+    return [_partial_line(x) for x in as_summary(summary).partial_rollout]
 
 
-def facts(summary: dict) -> list[str]:
+def facts(summary) -> list[str]:
     """The Answer lines of report.md: power, verdicts, fastest set, critical batches, the
-    source findings and partial rollout vs synchronous, each number with its interval."""
+    source findings and partial rollout vs synchronous, each number with its interval (from a
+    `Summary` or summary.json's dict)."""
+    summary = as_summary(summary)
     main, finds = _answer(summary)
     return main + finds + partial_rollout_lines(summary)
 
 
-def _details(summary: dict) -> list[str]:
+def _details(summary: Summary) -> list[str]:
     """Further measured numbers (not part of the answer)."""
     out = []
     configs = _configs(summary)
     for algo in _algos(summary):
-        ref = configs.get(_algo_info(summary, algo).get("reference_config")) or {}
-        if ref.get("reached"):
-            out.append(f"{algo} reference {_algo_info(summary, algo).get('reference_config')} "
-                       f"({_desc(ref)}): N0* = {fmt_ci(ref.get('N_star'), ref.get('N_star_ci'))} "
-                       f"responses, q0 = {fmt_ci(ref.get('q'), ref.get('q_ci'))} responses/s, "
-                       f"T0 = {fmt(ref.get('T'))} s.")
+        name = _algo_info(summary, algo).reference_config
+        ref = configs.get(name)
+        if ref is not None and ref.reached:
+            out.append(f"{algo} reference {name} "
+                       f"({_desc(ref)}): N0* = {fmt_ci(ref.N_star, ref.N_star_ci)} "
+                       f"responses, q0 = {fmt_ci(ref.q, ref.q_ci)} responses/s, "
+                       f"T0 = {fmt(ref.T)} s.")
     for algo in _algos(summary):
-        for key, g in sorted((_algo_info(summary, algo).get("grad_norm") or {}).items()):
+        for key, g in sorted(_algo_info(summary, algo).grad_norm.items()):
             flat = g.get("flattens_after")
             out.append(f"{algo} {key.split('_')[0]} grad norm vs batch (lr rule {g.get('lr_rule')}, "
                        f"B={fmt(g['batches'][0])}..{fmt(g['batches'][-1])}): log-log slope "
                        f"{fmt_ci(g.get('slope'), g.get('slope_ci'), 2)}; "
                        + (f"flattens after B={fmt(flat)}." if flat else "no flattening."))
-    crit = [(g, st) for g, st in _sorted_configs(summary) if _ok(st.get("critic_b_simple"))]
+    crit = [(g, st) for g, st in _sorted_configs(summary) if _ok(st.critic_b_simple)]
     if crit:
         out.append("Critic noise scale B_simple (seed mean, range): " + "; ".join(
-            f"{g} {fmt(st['critic_b_simple'])}"
-            + (f" ({fmt(st['critic_b_simple_range'][0])}..{fmt(st['critic_b_simple_range'][1])})"
-               if st.get("critic_b_simple_range") else "") for g, st in crit) + ".")
+            f"{g} {fmt(st.critic_b_simple)}"
+            + (f" ({fmt(st.critic_b_simple_range[0])}..{fmt(st.critic_b_simple_range[1])})"
+               if st.critic_b_simple_range else "") for g, st in crit) + ".")
     ur = {}
     for g, st in configs.items():
-        if _ok(st.get("updates_ratio")) and not _is_ref(summary, g, st):
-            ur.setdefault((_algo_of(st), st.get("lr_rule") or "-"), []).append(st["updates_ratio"])
+        if _ok(st.updates_ratio) and not _is_ref(summary, g, st):
+            ur.setdefault((_algo_of(st), st.lr_rule or "-"), []).append(st.updates_ratio)
     for (algo, rule), v in sorted(ur.items()):
         span = fmt(min(v), 2) if fmt(min(v), 2) == fmt(max(v), 2) else (
             f"{fmt(min(v), 2)}-{fmt(max(v), 2)}")
         out.append(f"Updates to target relative to the reference ({algo}, lr rule {rule}): "
                    f"{span}x.")
-    inv = [(g, st["invariance"]) for g, st in _sorted_configs(summary)
-           if (st.get("invariance") or {}).get("within") is not None]
+    inv = [(g, st.invariance) for g, st in _sorted_configs(summary)
+           if (st.invariance or {}).get("within") is not None]
     if inv:
         out.append("Learning curve vs its reference's (mean |dJ| vs the band of eval noise alone, "
                    f"{_level(summary)}): " + "; ".join(
@@ -306,21 +308,21 @@ def _details(summary: dict) -> list[str]:
         out.append(f"From B={fmt(bs[0])} to B={fmt(bs[-1])} ({bs[-1] / bs[0]:.3g}x responses "
                    f"per step) collection time per step grows {coll[-1] / coll[0]:.3g}x "
                    f"({fmt(coll[0])} s -> {fmt(coll[-1])} s).")
-    tf = (summary.get("critical_generation_batch") or {}).get("train_fit") or {}
+    tf = summary.primary.critical_generation_batch.get("train_fit") or {}
     if _ok(tf.get("gamma")):
         out.append("Update time per step t_train = overhead + gamma*B: overhead = "
                    f"{fmt_ci(tf.get('overhead'), tf.get('overhead_ci'))}"
                    f" s, gamma = {fmt_ci(tf.get('gamma'), tf.get('gamma_ci'))} s per response; "
                    "r_q cap over the reference batch "
                    f"{fmt_ci(tf.get('r_q_cap'), tf.get('r_q_cap_ci'))}.")
-    sig = [(g, st["sigmoid_A"]) for g, st in _sorted_configs(summary) if _ok(st.get("sigmoid_A"))]
+    sig = [(g, st.sigmoid_A) for g, st in _sorted_configs(summary) if _ok(st.sigmoid_A)]
     if sig:
         out.append("Sigmoid fit asymptote A (seed mean): " + ", ".join(
             f"{g} {fmt(a)}" for g, a in sig) + ".")
     return out
 
 
-def planner_lines(root: str, summary: dict, path, drawn: list) -> list[str]:
+def planner_lines(root: str, summary: Summary, path, drawn: list) -> list[str]:
     """A section per planner output in `root` (plan*.json, experiments/plan.py --json_out):
     its predictions of r_N, r_q and T/T0 beside the measured ones (scaling.planner.compare),
     and a figure of both, appended to `drawn`."""
@@ -331,7 +333,7 @@ def planner_lines(root: str, summary: dict, path, drawn: list) -> list[str]:
     for plan_path in sorted(glob.glob(os.path.join(root, "plan*.json"))):
         with open(plan_path) as f:
             plan = json.load(f)
-        rows = planner.compare(plan, summary)
+        rows = planner.compare(plan, summary.to_json())
         if not rows:
             continue
         counts = planner.compare_counts(rows)
