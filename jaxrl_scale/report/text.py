@@ -117,27 +117,30 @@ def _ctb_line(summary: Summary, algo: str, prefix: str) -> str:
     ctb = a.critical_training_batch
     tol = ctb["tolerance"]
     lim = 1 + tol if _ok(tol) else None
-    pts = {p["batch"]: p for p in ctb.get("points") or []}
+    pts: dict[float, list] = {}
+    for p in ctb.get("points") or []:
+        pts.setdefault(p["batch"], []).append(p)
+
+    def at(b, reached_only=False):
+        """Every config measured at batch b (several when group sizes differ), with r_N."""
+        return ", ".join(f"{p['config']} r_N = {fmt_ci(p.get('r_N'), p.get('r_N_ci'))}"
+                         if p.get("reached") else f"{p['config']} not reached within the budget"
+                         for p in pts.get(b, []))
+
     rule = ctb.get("lr_rule") or "-"
-    ref_ok = a.reference_reached
-    if not ref_ok:
+    if not a.reference_reached:
         return (f"{prefix}Critical training batch: undetermined (the reference did not reach "
                 "J*, so no r_N).")
-    head = f"{prefix}Critical training batch (lr rule {rule}, largest B whose r_N " \
-           f"{_level(summary)} " \
-           f"upper bound is <= {fmt(lim)}): "
+    b0 = ctb.get("above_batch")
+    above = f" above B0 = {fmt(b0)}" if _ok(b0) else ""
+    head = (f"{prefix}Critical training batch (lr rule {rule}, largest B{above} whose r_N "
+            f"{_level(summary)} upper bound is <= {fmt(lim)}, every batch between qualifying): ")
     b = ctb.get("batch")
-    if _ok(b):
-        p = pts.get(b) or {}
-        s = head + f"B = {fmt(b)} (r_N = {fmt_ci(p.get('r_N'), p.get('r_N_ci'))})"
-    else:
-        s = head + "none of the measured batches qualifies"
+    s = head + (f"B = {fmt(b)} ({at(b)})" if _ok(b) else
+                f"none of the measured batches{above} qualifies")
     c = ctb.get("cost_detected_at")
     if _ok(c):
-        p = pts.get(c) or {}
-        s += (f"; a sample cost is detected at B = {fmt(c)} ("
-              + (f"r_N = {fmt_ci(p.get('r_N'), p.get('r_N_ci'))}" if p.get("reached")
-                 else "not reached within the budget") + ")")
+        s += f"; a sample cost is detected at B = {fmt(c)} ({at(c)})"
     else:
         s += "; no sample cost detected (no lower bound above " + fmt(lim) + ")"
     return s + "."
