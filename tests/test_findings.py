@@ -132,3 +132,37 @@ def test_summary_round_trips_and_recorded_summaries_load():
     for p in paths:
         with open(p) as f:
             Summary.from_json(json.load(f))
+
+
+def _hw(cgb):
+    return findings.by_id(findings.source_findings(
+        {"grpo": {"reference_config": "ref", "reference_reached": True, "grad_norm": {},
+                  "critical_generation_batch": cgb}},
+        {"ref": _cfg(B0, ref=True)}, {}, 0.9, 0.25, "grpo", cgb), "sublinear_collection")
+
+
+def test_sublinear_collection_from_the_d0_interval():
+    assert _hw({"d0": 0.1, "d0_ci": [0.05, 0.15], "sync_batches": 3}).status == "reproduced"
+    assert _hw({"d0": -0.1, "d0_ci": [-0.2, -0.05], "sync_batches": 3}).status == \
+        "not reproduced"
+    assert _hw({"d0": 0.01, "d0_ci": [-0.05, 0.07], "sync_batches": 3}).status == \
+        "undetermined"
+    assert _hw({"d0": 0.1, "d0_ci": [0.05, 0.15], "sync_batches": 1}).status == "undetermined"
+    assert _hw({}).status == "undetermined"
+
+
+def _grad(slope_ci, flat=None):
+    info = {"reference_config": "ref", "reference_reached": True, "critical_generation_batch": {},
+            "grad_norm": {"actor_grad_norm": {
+                "batches": [64, 128, 256], "slope": sum(slope_ci) / 2, "slope_ci": slope_ci,
+                "flattens_after": flat, "flat_threshold": -0.25, "lr_rule": "sqrt"}}}
+    fs = findings.source_findings({"grpo": info}, {"ref": _cfg(B0, ref=True)}, {}, 0.9, 0.25,
+                                  "grpo", {})
+    return findings.by_id(fs, "grad_norm_slope", "grpo")
+
+
+def test_grad_norm_slope_from_its_interval():
+    assert _grad([-0.6, -0.4]).status == "reproduced"
+    assert _grad([-0.3, -0.1]).status == "not reproduced"
+    assert _grad([-0.3, -0.1], flat=128).status == "undetermined"
+    assert _grad([-0.6, -0.4]).numbers[0]["slope_ci"] == [-0.6, -0.4]

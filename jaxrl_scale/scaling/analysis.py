@@ -33,7 +33,9 @@ from jaxrl_scale.scaling.references import (AnalysisError, _group_size, _primary
                                             resolve_reference, resolve_references)
 from jaxrl_scale.scaling.rollout_compare import invariance, partial_rollout, rollout_means
 from jaxrl_scale.scaling.summary import AlgoSummary, ConfigStats, RunStats, Summary
-from jaxrl_scale.scaling.verdicts import VERDICTS, interval as _ci, verdict as _verdict  # noqa: F401
+from jaxrl_scale.scaling.verdicts import VERDICTS  # noqa: F401
+from jaxrl_scale.scaling.verdicts import interval as _ci
+from jaxrl_scale.scaling.verdicts import verdict as _verdict
 from jaxrl_scale.scaling.throughput import step_costs
 
 SUMMARY_FILE = "summary.json"
@@ -412,7 +414,8 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
         for k in ("collection_s_per_step", "train_s_per_step", "gen_throughput"):
             v = [costs[r.name][k] for r in rs if _fin(costs[r.name][k])]
             st[k] = float(np.mean(v)) if v else None
-        cf = [per_run[r.name]["clipped_update_fraction"] for r in rs if _fin(per_run[r.name]["clipped_update_fraction"])]
+        cf = [per_run[r.name]["clipped_update_fraction"] for r in rs
+              if _fin(per_run[r.name]["clipped_update_fraction"])]
         st["clipped_update_fraction"] = float(np.mean(cf)) if cf else None
         st.update(rollout_means(rs))
         for who in ("actor", "critic"):

@@ -67,7 +67,8 @@ def _primary(refs: dict) -> str:
     return "grpo" if "grpo" in refs else sorted(refs)[0]
 
 
-def resolve_references(runs: Sequence[Run], reference: str | None) -> dict[str, tuple[str, list[Run]]]:
+def resolve_references(runs: Sequence[Run], reference: str | None
+                       ) -> dict[str, tuple[str, list[Run]]]:
     """{algo: (reference name, its runs)}. ``reference`` (a run or a config name) overrides
     the default of its own algorithm; a run name selects that run alone."""
     groups = sio.group_runs(list(runs))
