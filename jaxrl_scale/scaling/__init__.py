@@ -8,6 +8,7 @@ and the McCandlish noise scale (section 5).
 from jaxrl_scale.scaling.analysis import (
     VERDICTS,
     AnalysisError,
+    analyze,
     analyze_runs,
     analyze_sweep,
     auto_target,
@@ -19,6 +20,7 @@ from jaxrl_scale.scaling.analysis import (
     to_jsonable,
     write_summary,
 )
+from jaxrl_scale.scaling.findings import Finding
 from jaxrl_scale.scaling.io import (
     Run,
     Sweep,
@@ -48,7 +50,8 @@ from jaxrl_scale.scaling.stats import (
     noise_from_curve,
     quantile_ci,
 )
-from jaxrl_scale.scaling.step_cost import fit_linear_time
+from jaxrl_scale.scaling.step_cost import fit_linear_time, fit_step_times, predict_r_q, r_q
+from jaxrl_scale.scaling.summary import AlgoSummary, ConfigStats, RunStats, Summary
 from jaxrl_scale.scaling.throughput import (
     critical_generation_batch,
     step_costs,

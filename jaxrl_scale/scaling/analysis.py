@@ -61,8 +61,6 @@ def write_summary(out_dir: str, summary) -> str:
     return path
 
 
-_fin = is_number
-_or_none = or_none
 
 
 # ----------------------------------------------------------------------------- per run
@@ -81,10 +79,10 @@ def eval_noise(run: Run) -> tuple[np.ndarray, str, float | None]:
     se = np.full(n.size, np.nan)
     src = set()
     for i, r in enumerate(run.evals):
-        if _fin(r.get("eval_se")) and r["eval_se"] > 0:
+        if is_number(r.get("eval_se")) and r["eval_se"] > 0:
             se[i] = r["eval_se"]
             src.add("eval_se")
-        elif _fin(r.get("eval_n")) and r["eval_n"] > 0:
+        elif is_number(r.get("eval_n")) and r["eval_n"] > 0:
             se[i] = float(stats.binomial_se(s[i], r["eval_n"]))
             src.add("eval_n")
     jitter = stats.noise_from_curve(n, s) if n.size >= 5 else None
@@ -108,8 +106,8 @@ def run_stats(run: Run, target: float, n_boot: int, rng: np.random.Generator,
     n, s = run.eval_curve()
     se, src, jitter = eval_noise(run)
     measured = [r.get("eval_se") or (float(stats.binomial_se(r["score"], r["eval_n"]))
-                                     if _fin(r.get("eval_n")) else None) for r in run.evals]
-    measured = [m for m in measured if _fin(m)]
+                                     if is_number(r.get("eval_n")) else None) for r in run.evals]
+    measured = [m for m in measured if is_number(m)]
     out: dict[str, Any] = {"batch": run.batch, "n_evals": int(n.size), "eval_se_source": src,
                            "eval_se": float(np.median(measured)) if measured else (
                                float(np.median(se)) if se.size else None),
@@ -123,7 +121,7 @@ def run_stats(run: Run, target: float, n_boot: int, rng: np.random.Generator,
     q_all = total_n / total_t if total_t > 0 else math.nan
     if n.size == 0:
         reps = {"N": np.full(n_boot, np.inf), "q": np.full(n_boot, q_all)}
-        out.update(N_star=None, N_star_raw=None, reached=False, q=_or_none(q_all), T=None,
+        out.update(N_star=None, N_star_raw=None, reached=False, q=or_none(q_all), T=None,
                    smoothed_final=None, error="no eval records")
         return out, reps
     point, n_reps, fit = stats.bootstrap_crossing(n, s, se, target, n_boot, rng)
@@ -134,12 +132,12 @@ def run_stats(run: Run, target: float, n_boot: int, rng: np.random.Generator,
     reached = math.isfinite(point)
     q = point / t_point if reached and t_point > 0 else q_all
     raw = ttt.n_star(n, s, target)
-    out.update(N_star=_or_none(point), N_star_raw=raw, reached=reached,
-               N_star_ci=_ci(n_reps, level), q=_or_none(q), q_ci=_ci(q_reps, level),
-               T=_or_none(t_point) if reached else None, q_overall=_or_none(q_all),
+    out.update(N_star=or_none(point), N_star_raw=raw, reached=reached,
+               N_star_ci=_ci(n_reps, level), q=or_none(q), q_ci=_ci(q_reps, level),
+               T=or_none(t_point) if reached else None, q_overall=or_none(q_all),
                responses_total=float(total_n), smoothed_final=float(fit[-1]),
                frac_replicates_reached=float(np.mean(np.isfinite(n_reps))),
-               updates_to_target=_or_none(point / run.batch) if run.batch and reached else None)
+               updates_to_target=or_none(point / run.batch) if run.batch and reached else None)
     return out, {"N": n_reps, "q": q_reps, "fit": fit, "se": se}
 
 
@@ -185,20 +183,20 @@ def config_stats(groups: dict[str, list[Run]], per_run: dict, reps: dict, refs: 
         all_reached = n_reached == len(xs)
         N_b, q_b = _config_reps(names, reps, rng)
         N = float(np.mean([x["N_star"] for x in xs])) if all_reached else math.inf
-        q = float(np.mean([x["q"] for x in xs if _fin(x["q"])])) if any(
-            _fin(x["q"]) for x in xs) else math.nan
+        q = float(np.mean([x["q"] for x in xs if is_number(x["q"])])) if any(
+            is_number(x["q"]) for x in xs) else math.nan
         creps[g] = {"N": N_b, "q": q_b, "T": stats.ratio(N_b, q_b)}
         st = {"algo": rs[0].algo, "batch": rs[0].batch, "batch_gen": rs[0].batch_gen,
               "gen_batch_ratio": rs[0].gen_batch_ratio, "lr_rule": rs[0].lr_rule,
               "group_size": _group_size(rs[0]),
               "seeds": len(xs), "seeds_reached": n_reached, "runs": names,
-              "reached": all_reached, "N_star": _or_none(N), "N_star_ci": _ci(N_b, level),
-              "q": _or_none(q), "q_ci": _ci(q_b, level),
-              "T": _or_none(N / q) if all_reached and q > 0 else None,
-              "N_star_reached_mean": _or_none(np.mean([x["N_star"] for x in xs
+              "reached": all_reached, "N_star": or_none(N), "N_star_ci": _ci(N_b, level),
+              "q": or_none(q), "q_ci": _ci(q_b, level),
+              "T": or_none(N / q) if all_reached and q > 0 else None,
+              "N_star_reached_mean": or_none(np.mean([x["N_star"] for x in xs
                                                        if x["reached"]])) if n_reached else None}
         for k in ("N_star", "q"):
-            vals = [x[k] for x in xs if x["reached"] and _fin(x[k])]
+            vals = [x[k] for x in xs if x["reached"] and is_number(x[k])]
             st[k + "_std"] = float(np.std(vals)) if len(vals) > 1 else None
         out[g] = st
     for algo, (ref_name, ref_runs) in refs.items():
@@ -226,14 +224,14 @@ def config_stats(groups: dict[str, list[Run]], per_run: dict, reps: dict, refs: 
             rq_b = np.ones_like(cr["q"]) if same else stats.ratio(cr["q"], rrep["q"])
             tt_b = stats.ratio(rn_b, rq_b)
             r_n = st["N_star"] / rst["N_star"] if st["reached"] and rst["N_star"] else None
-            r_q = st["q"] / rst["q"] if _fin(st["q"]) and rst["q"] else None
-            st.update(r_N=_or_none(r_n), r_q=_or_none(r_q),
-                      T_over_T0=_or_none(r_n / r_q) if _fin(r_n) and _fin(r_q) else None,
+            r_q = st["q"] / rst["q"] if is_number(st["q"]) and rst["q"] else None
+            st.update(r_N=or_none(r_n), r_q=or_none(r_q),
+                      T_over_T0=or_none(r_n / r_q) if is_number(r_n) and is_number(r_q) else None,
                       r_N_ci=_ci(rn_b, level), r_q_ci=_ci(rq_b, level),
                       T_over_T0_ci=_ci(tt_b, level))
             st["verdict"] = _verdict(st["reached"], st["T_over_T0_ci"])
             if st["batch"] and rst.get("batch"):
-                st["updates_ratio"] = _or_none(r_n * rst["batch"] / st["batch"]) if _fin(
+                st["updates_ratio"] = or_none(r_n * rst["batch"] / st["batch"]) if is_number(
                     r_n) else None
             creps[g]["r_N"] = rn_b
     return out, creps
@@ -245,7 +243,7 @@ def best_sets(configs: dict, creps: dict, level: float) -> dict[str, list[str]]:
     out = {}
     for algo in sorted({st["algo"] or "?" for st in configs.values()}):
         ok = {g: st for g, st in configs.items() if (st["algo"] or "?") == algo
-              and st["reached"] and _fin(st["T"])}
+              and st["reached"] and is_number(st["T"])}
         if not ok:
             out[algo] = []
             continue
@@ -347,7 +345,7 @@ def clipped_update_fraction(run: Run) -> float | None:
     """Share of updates whose pre-clip actor grad norm exceeded max_grad_norm."""
     lim = sio.config_get(run.config, "max_grad_norm")
     _, v = run.train_series("actor_grad_norm")
-    if not _fin(lim) or lim <= 0 or not v.size:
+    if not is_number(lim) or lim <= 0 or not v.size:
         return None
     return float(np.mean(v > lim))
 
@@ -412,15 +410,15 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
         st = configs[g]
         st["responses_min"] = min(per_run[r.name].get("responses_total", 0.0) for r in rs)
         for k in ("collection_s_per_step", "train_s_per_step", "gen_throughput"):
-            v = [costs[r.name][k] for r in rs if _fin(costs[r.name][k])]
+            v = [costs[r.name][k] for r in rs if is_number(costs[r.name][k])]
             st[k] = float(np.mean(v)) if v else None
         cf = [per_run[r.name]["clipped_update_fraction"] for r in rs
-              if _fin(per_run[r.name]["clipped_update_fraction"])]
+              if is_number(per_run[r.name]["clipped_update_fraction"])]
         st["clipped_update_fraction"] = float(np.mean(cf)) if cf else None
         st.update(rollout_means(rs))
         for who in ("actor", "critic"):
             ns = [snoise.noise_scale_from_run(r, who) for r in rs]
-            bs = [z["b_simple"] for z in ns if z and _fin(z["b_simple"])]
+            bs = [z["b_simple"] for z in ns if z and is_number(z["b_simple"])]
             st[f"{who}_b_simple"] = float(np.mean(bs)) if bs else None
             st[f"{who}_b_simple_range"] = [min(bs), max(bs)] if bs else None
         if fit_sigmoid:
@@ -435,9 +433,9 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
         x = per_run[r.name]
         ref = configs.get(refs.get(r.algo or "?", (None,))[0]) or {}
         r_n = x["N_star"] / ref["N_star"] if x["reached"] and ref.get("N_star") else None
-        r_q = x["q"] / ref["q"] if _fin(x["q"]) and _fin(ref.get("q")) else None
+        r_q = x["q"] / ref["q"] if is_number(x["q"]) and is_number(ref.get("q")) else None
         x.update(r_N=r_n, r_q=r_q,
-                 T_over_T0=r_n / r_q if _fin(r_n) and _fin(r_q) and r_q else None,
+                 T_over_T0=r_n / r_q if is_number(r_n) and is_number(r_q) and r_q else None,
                  is_reference=r.name in {z.name for _, rs in refs.values() for z in rs})
 
     best = best_sets(configs, creps, ci_level)
@@ -447,7 +445,7 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
         ref = configs.get(name) or {"algo": rs[0].algo, "lr_rule": rs[0].lr_rule,
                                     "batch": rs[0].batch, **per_run[name]}
         ref_se = float(np.median([per_run[z.name]["eval_se"] for z in rs]))
-        jit = [per_run[z.name]["curve_jitter_se"] for z in rs if _fin(per_run[z.name]
+        jit = [per_run[z.name]["curve_jitter_se"] for z in rs if is_number(per_run[z.name]
                                                                       ["curve_jitter_se"])]
         start = float(np.mean([per_run[z.name]["start_score"] for z in rs]))
         inv = {}

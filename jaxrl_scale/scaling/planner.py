@@ -44,7 +44,6 @@ RANGE_RULE = ("B is in the range when the lower end of the ci_level interval of 
               "batch with the smallest predicted T/T0)")
 
 
-_fin = is_number
 
 
 # ---------------------------------------------------------------------------------------------
@@ -61,7 +60,8 @@ def timings_from_runs(runs: Sequence[Run], warmup: int = 2, steps: int = 3) -> l
     for run in runs:
         if not run.batch:
             continue
-        recs = sorted((r for r in run.train if _fin(r.get("gen_s")) and _fin(r.get("train_s"))),
+        recs = sorted((r for r in run.train
+                       if is_number(r.get("gen_s")) and is_number(r.get("train_s"))),
                       key=lambda r: r.get("step", 0))
         recs = recs[warmup:warmup + steps] if steps else recs[warmup:]
         if not recs:
@@ -234,18 +234,18 @@ def batch_plan(runs: Sequence[Run], fit: dict, batches: Sequence[float] | None =
         raise PlanError("noise_of", f"{who!r} is not one of {NETWORKS}", "use actor or critic")
     b0 = _probe_batch(runs)
     batches = [float(b) for b in (batches or default_batches(b0))]
-    if any(not (_fin(b) and b > 0) for b in batches):
+    if any(not (is_number(b) and b > 0) for b in batches):
         raise PlanError("batches", f"candidate batches must be positive numbers, got {batches}",
                         "pass e.g. --batches=64,128,256,512")
     if n_star is not None and target is not None:
         raise PlanError("n_star", "both --n_star and --target given", "pass one of them")
     if target is not None:
         n_star = probe_n_star(runs, target)
-    if n_star is not None and not (_fin(n_star) and n_star > 0):
+    if n_star is not None and not (is_number(n_star) and n_star > 0):
         raise PlanError("n_star", f"N* must be a positive number of responses, got {n_star}",
                         "pass the reference's responses to target")
     k = gen_batch_ratio if gen_batch_ratio is not None else runs[0].gen_batch_ratio
-    if not (_fin(k) and k >= 1):
+    if not (is_number(k) and k >= 1):
         raise PlanError("gen_batch_ratio", f"must be >= 1, got {k}", "1 = synchronous rollout")
 
     theta = step_cost.theta_of_fit(fit)
@@ -329,7 +329,7 @@ METRICS = ("r_N", "r_q", "T_over_T0")
 
 def _inside(x, ci) -> bool | None:
     """x inside the interval (a null end is unbounded); None without x or an interval."""
-    if not (_fin(x) and ci and len(ci) == 2):
+    if not (is_number(x) and ci and len(ci) == 2):
         return None
     iv = Interval.of(ci)
     return bool((iv.lo is None or iv.lo <= x) and (iv.hi is None or x <= iv.hi))
@@ -374,7 +374,7 @@ def compare(plan: dict, summary: dict, network: str | None = None,
         if same_lr_rule and plan.get("lr_rule") and c.get("lr_rule") != plan["lr_rule"]:
             continue
         b = c.get("batch")
-        if not _fin(b):
+        if not is_number(b):
             continue
         k = (c.get("batch_gen") or b) / b
         if abs(k - k_plan) > 1e-9:
@@ -389,7 +389,8 @@ def compare(plan: dict, summary: dict, network: str | None = None,
             row.update({f"{m}_pred": pv, f"{m}_pred_ci": pci, f"{m}_meas": mv,
                         f"{m}_meas_ci": mci, f"{m}_inside": _inside(mv, pci) if p else None,
                         f"{m}_overlap": _overlap(pci, mci) if p else None,
-                        f"{m}_pred_over_meas": pv / mv if p and _fin(pv) and _fin(mv) and mv
+                        f"{m}_pred_over_meas": pv / mv
+                        if p and is_number(pv) and is_number(mv) and mv
                         else None})
         rows.append(row)
     return rows
@@ -404,7 +405,7 @@ def compare_counts(rows: list[dict], group_size=None) -> dict:
         rs = [r for r in rows if not r["is_reference"] and r[f"{m}_inside"] is not None
               and (group_size is None or r["group_size"] == group_size)]
         logs = [abs(math.log(r[f"{m}_pred_over_meas"])) for r in rs
-                if _fin(r[f"{m}_pred_over_meas"]) and r[f"{m}_pred_over_meas"] > 0]
+                if is_number(r[f"{m}_pred_over_meas"]) and r[f"{m}_pred_over_meas"] > 0]
         out[m] = {"n": len(rs), "inside": sum(r[f"{m}_inside"] for r in rs),
                   "overlap": sum(bool(r[f"{m}_overlap"]) for r in rs),
                   "median_abs_log_error": float(np.median(logs)) if logs else None}
@@ -416,7 +417,8 @@ def recommendation_check(plan: dict, summary: dict, rows: list[dict]) -> dict:
     config among ``rows`` with the plan's group size, and the sweep's best set (configs not
     distinguishable from the fastest, per algorithm when the summary has several)."""
     g = plan.get("group_size")
-    same = [r for r in rows if (g is None or r["group_size"] == g) and _fin(r["T_over_T0_meas"])]
+    same = [r for r in rows
+            if (g is None or r["group_size"] == g) and is_number(r["T_over_T0_meas"])]
     fastest = min(same, key=lambda r: r["T_over_T0_meas"]) if same else None
     per_algo = (summary.get("algos") or {}).get(plan.get("algo")) or {}
     per_algo = per_algo if isinstance(per_algo, dict) else {}

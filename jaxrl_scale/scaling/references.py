@@ -8,7 +8,7 @@ import collections
 import math
 from typing import Sequence
 
-from jaxrl_scale.numbers import is_number as _fin
+from jaxrl_scale.numbers import is_number
 from jaxrl_scale.scaling import io as sio
 from jaxrl_scale.scaling.io import Run
 
@@ -19,7 +19,7 @@ class AnalysisError(ValueError):
 
 def _base_batch(run: Run) -> float | None:
     b = sio.config_get(run.config, "base_batch")
-    return float(b) if _fin(b) and b > 0 else None
+    return float(b) if is_number(b) and b > 0 else None
 
 
 def _group_size(run: Run):

@@ -9,8 +9,8 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxrl_scale.numbers import is_number as _fin
-from jaxrl_scale.numbers import or_none as _or_none
+from jaxrl_scale.numbers import is_number
+from jaxrl_scale.numbers import or_none
 from jaxrl_scale.scaling import io as sio
 from jaxrl_scale.scaling import stats
 from jaxrl_scale.scaling.io import Run
@@ -97,8 +97,8 @@ def partial_rollout(configs: dict, creps: dict, groups: dict, reps: dict, rng,
             continue
         x0, a, b = configs[h], creps[g], creps[h]
         both = bool(st["reached"] and x0["reached"])
-        point = lambda key: _or_none(stats.ratio(st[key], x0[key])) if _fin(st[key]) and _fin(
-            x0[key]) else None
+        point = lambda key: or_none(stats.ratio(st[key], x0[key])) if is_number(
+            st[key]) and is_number(x0[key]) else None
         t_ci = _ci(stats.ratio(a["T"], b["T"]), level)
         rows.append({
             "config": g, "sync_config": h, "algo": st["algo"], "batch": st["batch"],

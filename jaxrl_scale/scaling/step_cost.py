@@ -28,7 +28,6 @@ from jaxrl_scale.scaling.stats import CI_LEVEL, quantile_ci
 from jaxrl_scale.scaling.verdicts import interval as _ci
 
 COLUMNS = ("d0", "d1", "gamma", "overhead")   # column order of every theta [..., 4] / "boot"
-_fin = is_number
 
 
 def fit_linear_time(batches: Sequence[float], times: Sequence[float]) -> tuple[float, float]:
@@ -155,9 +154,9 @@ def _check_timings(timings: Sequence[dict]) -> None:
                         "\"batch_gen\", \"gen_s\": [...], \"train_s\": [...]} (time_batches' "
                         "output)")
     for i, e in enumerate(timings):
-        ok = (isinstance(e, dict) and _fin(e.get("batch")) and e["batch"] > 0
+        ok = (isinstance(e, dict) and is_number(e.get("batch")) and e["batch"] > 0
               and all(isinstance(e.get(k), (list, tuple)) and e[k]
-                      and all(_fin(x) and x >= 0 for x in e[k]) for k in ("gen_s", "train_s"))
+                      and all(is_number(x) and x >= 0 for x in e[k]) for k in ("gen_s", "train_s"))
               and len(e["gen_s"]) == len(e["train_s"]))
         if not ok:
             raise PlanError("timings_json", f"entry {i} is not {{\"batch\" > 0, \"gen_s\": "
@@ -256,9 +255,9 @@ def gen_seconds(run: Run, cost: dict) -> float | None:
     B_train per update, so an update's collection is about 1/k of one t_gen(B_gen)."""
     t, b_gen, made = cost["collection_s_per_step"], run.batch_gen or run.batch, \
         cost.get("generated_per_step")
-    if not (_fin(t) and t > 0 and b_gen):
+    if not (is_number(t) and t > 0 and b_gen):
         return None
-    return t * b_gen / made if _fin(made) and made > 0 else t
+    return t * b_gen / made if is_number(made) and made > 0 else t
 
 
 def fit_runs(runs: Sequence[Run], costs: dict, n_boot: int, rng, level: float,
@@ -303,10 +302,10 @@ def fit_runs(runs: Sequence[Run], costs: dict, n_boot: int, rng, level: float,
     cgb = k * d0 / d1 if d1 > 0 and d0 > 0 else (0.0 if d1 > 0 else math.inf)
     out.update(d0=d0, d1=d1, d0_ci=_ci(boot[:, 0], level), d1_ci=_ci(boot[:, 1], level),
                batch=or_none(cgb), batch_ci=_ci(cgb_b, level),
-               within_grid=bool(_fin(cgb) and b.min() <= cgb <= b.max()),
+               within_grid=bool(is_number(cgb) and b.min() <= cgb <= b.max()),
                rule=f"B_gen beyond which a doubling adds < {min_gain:.0%} throughput: "
                     f"(1 - g) d0 / (2 g d1)")
-    tt = np.array([x if _fin(x) else np.nan for x in tt], float)
+    tt = np.array([x if is_number(x) else np.nan for x in tt], float)
     ok = np.isfinite(tt)
     if np.unique(bt[ok]).size >= 2:   # the update sees B_train responses, whatever B_gen
         overhead, gamma = stats.fit_line(bt[ok], tt[ok])
