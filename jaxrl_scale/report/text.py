@@ -47,11 +47,8 @@ def _power_line(summary: Summary, algo: str, prefix: str) -> str:
 
 def _ref_miss_line(summary: Summary, algo: str, prefix: str) -> str:
     a = _algo_info(summary, algo)
-    ref = a.reference_config
-    t = a.target
-    best = a.reference_best_smoothed
-    se = a.eval_se
-    s = f"{prefix}The reference {ref} did NOT reach the target J* = {fmt(t)}"
+    t, best, se = a.target, a.reference_best_smoothed, a.eval_se
+    s = f"{prefix}The reference {a.reference_config} did NOT reach the target J* = {fmt(t)}"
     if _ok(best) and _ok(t):
         s += f": its best smoothed score is {fmt(best)}, {fmt(t - best)} below the target"
         if _ok(se) and se > 0:
