@@ -277,7 +277,8 @@ def _details(summary: Summary) -> list[str]:
     for algo in _algos(summary):
         for key, g in sorted(_algo_info(summary, algo).grad_norm.items()):
             flat = g.get("flattens_after")
-            out.append(f"{algo} {key.split('_')[0]} grad norm vs batch (lr rule {g.get('lr_rule')}, "
+            out.append(f"{algo} {key.split('_')[0]} grad norm vs batch "
+                       f"(lr rule {g.get('lr_rule')}, "
                        f"B={fmt(g['batches'][0])}..{fmt(g['batches'][-1])}): log-log slope "
                        f"{fmt_ci(g.get('slope'), g.get('slope_ci'), 2)}; "
                        + (f"flattens after B={fmt(flat)}." if flat else "no flattening."))
@@ -313,7 +314,8 @@ def _details(summary: Summary) -> list[str]:
         out.append("Update time per step t_train = overhead + gamma*B: overhead = "
                    f"{fmt_ci(tf.get('overhead'), tf.get('overhead_ci'))}"
                    f" s, gamma = {fmt_ci(tf.get('gamma'), tf.get('gamma_ci'))} s per response; "
-                   "r_q cap over the reference batch "
+                   "the fitted lines' r_q limit as B grows (a fit; finding (6) uses the "
+                   "measured r_q) "
                    f"{fmt_ci(tf.get('r_q_cap'), tf.get('r_q_cap_ci'))}.")
     sig = [(g, st.sigmoid_A) for g, st in _sorted_configs(summary) if _ok(st.sigmoid_A)]
     if sig:
