@@ -207,6 +207,11 @@ def _sweep(root):
     write_synthetic_run(root, "grpo_B2048_sqrt_s0", 2048, 12000, 24)
     write_synthetic_run(root, "grpo_B4096_sqrt_s0", 4096, 12000, 30, cap=0.4)
     write_synthetic_run(root, "grpo_B1024_fixed_s0", 1024, 16000, 15, lr_rule="fixed")
+    # Second seeds, 1.1x the samples like the reference's: seed-paired family-wise tests
+    for name, b, n, q, rule in (("grpo_B1024_sqrt", 1024, 10000, 15, "sqrt"),
+                                ("grpo_B2048_sqrt", 2048, 12000, 24, "sqrt"),
+                                ("grpo_B1024_fixed", 1024, 16000, 15, "fixed")):
+        write_synthetic_run(root, f"{name}_s1", b, 1.1 * n, q, seed=1, lr_rule=rule)
     os.makedirs(os.path.join(root, "crashed"))
     return str(root)
 

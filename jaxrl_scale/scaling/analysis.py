@@ -21,6 +21,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from jaxrl_scale.scaling import drift as sdrift
+from jaxrl_scale.scaling import familywise
 from jaxrl_scale.scaling import io as sio
 from jaxrl_scale.scaling import noise as snoise
 from jaxrl_scale.scaling import stats
@@ -234,7 +236,7 @@ def run_stats(run: Run, target: float, n_boot: int, rng: np.random.Generator,
                    smoothed_final=None, error="no eval records")
         return out, reps
     point, n_reps, fit = stats.bootstrap_crossing(n, s, se, target, n_boot, rng)
-    f = stats.time_factors(_durations(run), n_boot, rng)
+    f = stats.block_time_factors(_durations(run), n_boot, rng)
     t_point = float(ttt.time_at_many(run.train, [point])[0])
     t_reps = ttt.time_at_many(run.train, n_reps) * f
     q_reps = np.where(np.isfinite(n_reps), stats.ratio(n_reps, t_reps), q_all / f)
@@ -646,8 +648,11 @@ def analyze_runs(runs: Sequence[Run], target: Any = "auto", reference: str | Non
                  tolerance: float = 0.25, fit_sigmoid: bool = False, *,
                  skipped: Sequence[dict] = (), ci_level: float = stats.CI_LEVEL,
                  n_boot: int = 1000, seed: int = 0, target_fraction: float = 0.5,
-                 min_gain: float = 0.10, flat_slope: float = -0.25) -> dict:
-    """The summary dict for already-loaded runs (see :func:`analyze_sweep`)."""
+                 min_gain: float = 0.10, flat_slope: float = -0.25,
+                 timing: Sequence[dict] | None = None) -> dict:
+    """The summary dict for already-loaded runs (see :func:`analyze_sweep`). ``timing``: the
+    entries of an interleaved timing pass (`experiment.timing.time_batches`), which r_q then
+    prefers over the in-run step times (`scaling.drift`)."""
     target = parse_target(target)
     runs = list(runs)
     if not runs:
@@ -725,7 +730,15 @@ def analyze_runs(runs: Sequence[Run], target: Any = "auto", reference: str | Non
                  T_over_T0=r_n / r_q if _fin(r_n) and _fin(r_q) and r_q else None,
                  is_reference=r.name in {z.name for _, rs in refs.values() for z in rs})
 
-    best = best_sets(configs, creps, ci_level)
+    drift_info, timing_offsets = sdrift.interleaved_r_q(timing, configs, refs, ci_level)
+    # Family-wise verdicts and fastest sets (scaling.familywise): they replace the per-config
+    # bootstrap verdicts; the bootstrap intervals stay as *_ci_boot.
+    fw = familywise.sweep_tests(configs, per_run, creps,
+                                {a: n for a, (n, _) in refs.items()}, ci_level,
+                                offsets=timing_offsets)
+    for g, f in fw["configs"].items():
+        familywise.merge_into(configs[g], f)
+    best = fw["best_sets"]
     primary = _primary(refs)
     per_algo = {}
     for algo, (name, rs) in refs.items():
@@ -789,6 +802,9 @@ def analyze_runs(runs: Sequence[Run], target: Any = "auto", reference: str | Non
         "grad_norm": p["grad_norm"],
         "partial_rollout": partial,
         "tolerance": tolerance,
+        "familywise": {k: fw[k] for k in ("families", "n_tests", "alpha", "margin", "method")},
+        **familywise.power_fields(fw, ci_level, primary),
+        "drift": drift_info,
         "n_boot": n_boot,
         "skipped": list(skipped),
         "warnings": warnings,
@@ -821,6 +837,8 @@ def analyze_sweep(sweep_dir: str | None, target: Any = "auto", reference: str | 
         detail = "; ".join(f"{s['dir']}: {s['reason']}" for s in skipped) or "it is empty"
         raise AnalysisError(f"no runs in {sweep_dir!r} (a run is a subdirectory with "
                             f"{sio.METRICS_FILE}); {detail}")
+    if sweep_dir is not None and "timing" not in kwargs:
+        kwargs["timing"] = sdrift.read_timing(sweep_dir)
     summary = analyze_runs(runs, target, reference, tolerance, fit_sigmoid,
                            skipped=skipped, **kwargs)
     summary["sweep_dir"] = sweep_dir
