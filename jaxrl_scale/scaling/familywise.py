@@ -26,6 +26,7 @@ Without df (one seed per config), the bootstrap replicates give the p-values ins
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Mapping, Sequence
 
@@ -75,7 +76,13 @@ def t_sf(t, df) -> np.ndarray:
 
 
 def t_ppf(p: float, df) -> float:
-    """Quantile of Student's t (bisection on `t_sf`)."""
+    """Quantile of Student's t (bisection on `t_sf`, cached; df floored as in `t_sf`)."""
+    d = float(df) if not math.isfinite(df) or df > 300 else float(max(1, math.floor(df)))
+    return _t_ppf(float(p), d)
+
+
+@functools.lru_cache(maxsize=4096)
+def _t_ppf(p: float, df: float) -> float:
     if not 0 < p < 1:
         return math.copysign(math.inf, p - 0.5) if p != 0.5 else 0.0
     lo, hi = -1e3, 1e3
