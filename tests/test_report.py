@@ -91,7 +91,10 @@ def test_report_answer_first_and_figures(noisy):
     facts = report.facts(s)
     main = [f for f in facts if not f.startswith("Source finding")]
     pos = [answer.index(f"- {f}\n") for f in main]
-    assert pos == sorted(pos) and len(main) == 13  # 2 x (power + 3 verdicts + best + ctb) + cgb
+    # design lines (2 x design power + drift) + 2 x (power + 3 verdicts + best + ctb) + cgb
+    assert pos == sorted(pos) and len(main) == 16
+    assert main[0].startswith("Power [grpo]: with ") and main[2].startswith("Throughput: ")
+    assert "machine drift is not controlled" in main[2]
     finds = [f for f in facts if f.startswith("Source finding")]
     assert len(finds) == 11 and len(re.findall(r"^- \(\d\) .*: \*\*", answer, re.M)) == 11
 
@@ -185,7 +188,7 @@ def test_underpowered_when_eval_noise_is_large(tmp_path):
     _noisy(tmp_path, "grpo_P4_sqrt", 32, 100, curve(amp=0.3), eval_n=50, train_s=False)
     _noisy(tmp_path, "grpo_P8_sqrt", 64, 100, curve(amp=0.3), eval_n=50, train_s=False)
     s = scaling.analyze_sweep(str(tmp_path), "auto", n_boot=100)
-    power = report.facts(s)[0]
+    power = [f for f in report.facts(s) if f.startswith("Power (reference")][0]
     assert s["signal_to_noise"] < 6
     assert power.endswith("UNDERPOWERED: verdicts below may be noise.")
 

@@ -30,6 +30,7 @@ from typing import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
+from jaxrl_scale.scaling.design_report import design_lines
 from jaxrl_scale.scaling.analysis import analyze_sweep, write_summary
 from jaxrl_scale.scaling.io import Run, read_csv_run, read_sweep
 
@@ -555,13 +556,13 @@ def _verdict_lines(summary: dict, algo: str, prefix: str) -> list[str]:
     def tt(g, st):
         return f"{g} ({_desc(st)}): T/T0 = {fmt_ci(st.get('T_over_T0'), st.get('T_over_T0_ci'))}"
 
-    out.append(f"{prefix}Faster than the reference {ref} (T/T0 {lvl} interval below 1): "
+    out.append(f"{prefix}Faster than the reference {ref} (T/T0 below 1, Holm-adjusted over all configs at {lvl}): "
                + ("; ".join(tt(g, st) for g, st in sorted(
                    by["faster"], key=lambda kv: kv[1]["T_over_T0"])) or "none") + ".")
-    out.append(f"{prefix}Slower (interval above 1): "
+    out.append(f"{prefix}Slower (T/T0 above 1, family-wise): "
                + ("; ".join(tt(g, st) for g, st in sorted(
                    by["slower"], key=lambda kv: kv[1]["T_over_T0"])) or "none") + ".")
-    out.append(f"{prefix}Indistinguishable from the reference (interval contains 1): "
+    out.append(f"{prefix}Indistinguishable from the reference (no family-wise difference): "
                + ("; ".join(tt(g, st) for g, st in by["indistinguishable"]) or "none") + ".")
     if by["not reached"]:
         out.append(f"{prefix}Not reached: " + "; ".join(
@@ -920,7 +921,7 @@ def source_findings(summary: dict) -> list[tuple[int, str, str, str]]:
 
 
 def _answer(summary: dict) -> tuple[list[str], list[str]]:
-    main = []
+    main = design_lines(summary)   # lr bracket, power, drift first (issue 27)
     algos = _algos(summary) or [summary.get("primary_algo") or "?"]
     multi = len(algos) > 1
     for algo in algos:

@@ -1,0 +1,71 @@
+"""The report's first lines about the design itself (issue 27 items 1, 5, 6): the lr
+bracket, the power of the design under family-wise control, and whether machine drift is
+controlled. Pure functions of summary.json; the report prints them before any verdict."""
+
+from __future__ import annotations
+
+import math
+
+
+def _f(x, nd=3) -> str:
+    if x is None or not isinstance(x, (int, float)) or not math.isfinite(x):
+        return "n/a"
+    return f"{x:.{nd}g}"
+
+
+def lr_lines(summary: dict) -> list[str]:
+    """One line per algorithm of summary["lr_tuning"]: the bracket, or a WARNING when the
+    chosen lr is at the edge of the grid."""
+    out = []
+    for algo, t in sorted((summary.get("lr_tuning") or {}).items()):
+        if not t or t.get("chosen") is None:
+            continue
+        curve = ", ".join(f"{_f(lr)}: {_f(s)}" for lr, s in zip(t["grid"], t["scores"]))
+        if t.get("bracketed"):
+            lo, hi = t.get("bracket") or [None, None]
+            out.append(f"Learning rate [{algo}]: base lr {_f(t['chosen'])} tuned at the "
+                       f"reference batch, bracketed by worse values {_f(lo)} and {_f(hi)} "
+                       f"(score per lr: {curve}).")
+        else:
+            out.append(f"WARNING [{algo}]: the tuned base lr {_f(t['chosen'])} is at the edge "
+                       f"of the tuning grid (score per lr: {curve}), after "
+                       f"{t.get('extensions', 0)} extensions: the optimum may lie outside it, "
+                       "and batches scaled from it by the lr rule are confounded with a "
+                       "mistuned lr.")
+    return out
+
+
+def power_lines(summary: dict) -> list[str]:
+    """The smallest effect the design detects with 80% power, per algorithm."""
+    out = []
+    for algo, p in sorted((summary.get("power") or {}).items()):
+        if not p or p.get("min_detectable_r_N") is None:
+            out.append(f"Power [{algo}]: unknown ({(p or {}).get('reason', 'no seed spread')}); "
+                       "verdicts rest on the bootstrap alone.")
+            continue
+        pw = p.get("power_r_N") or {}
+        out.append(
+            f"Power [{algo}]: with {p['seeds']} seeds per config and Holm over {p['tests']} "
+            f"configs at family-wise error {_f(p['alpha'], 2)}, this design detects r_N >= "
+            f"{_f(p['min_detectable_r_N'])} and T/T0 >= {_f(p['min_detectable_T_over_T0'])} "
+            f"(or <= {_f(p.get('min_detectable_T_over_T0_below'))}) with 80% power (measured "
+            f"spread of log N* between seeds, eval noise included: {_f(p['sigma_log_N'], 2)}, "
+            f"{p['df']} df); power at r_N = 1.3: {_f(pw.get('1.3'), 2)}, at 1.5: "
+            f"{_f(pw.get('1.5'), 2)}.")
+    return out
+
+
+def drift_lines(summary: dict) -> list[str]:
+    d = summary.get("drift") or {}
+    if not d or summary.get("reference_reached") is False:   # no r_q to speak of
+        return []
+    s = f"Throughput: {d.get('note')}"
+    if d.get("controlled") and d.get("max_disagreement"):
+        s += (f"; in-run and interleaved r_q differ by up to a factor "
+              f"{_f(d['max_disagreement'])}")
+    return [s + "."]
+
+
+def design_lines(summary: dict) -> list[str]:
+    """lr bracket, power, drift: the lines the report opens with."""
+    return lr_lines(summary) + power_lines(summary) + drift_lines(summary)
