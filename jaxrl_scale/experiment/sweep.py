@@ -65,6 +65,8 @@ class SweepConfig:
     eval_every_responses: int = 5120   # evals at the same N for every batch (64..1024 divide it)
     tune_lrs: tuple[float, ...] = (1e-4, 2e-4, 3e-4)   # lr-tuning stage at B0 (empty: none)
     tune_responses: int = 6144         # response budget of each tuning run
+    tune_factor: float = 2.0           # the grid grows by this factor beyond its best edge
+    tune_max_extensions: int = 3       # rounds of extension until the best lr is interior
     target: float | str = "auto"       # analysis target J* ("auto": from the reference)
     compile_cache: bool = True         # JAX persistent compilation cache (shared shapes)
     executor: str = "local"            # "local": one run after another; "ray": a task per run
@@ -168,16 +170,38 @@ def tune_plan(sweep: SweepConfig, base: TrainConfig) -> list[TrainConfig]:
         B0 = _reference_batch(sweep, algo)
         G = 1 if algo == "ppo" else (sweep.base_group or min(sweep.group_sizes))
         for lr in sweep.tune_lrs:
-            name = f"{algo}_P{B0 // G}_G{G}_lr{lr:g}"
-            runs.append(base.replace(
-                run_dir=os.path.join(sweep.sweep_dir, TUNE_DIR, name), algo=algo,
-                prompts_per_step=B0 // G, group_size=G, lr_rule="sqrt", seed=0, base_batch=B0,
-                gen_batch_ratio=1,
-                base_lr=lr, max_responses=sweep.tune_responses, max_steps=10 ** 9,
-                eval_every=max(1, sweep.eval_every_responses // 2 // B0),
-                checkpoint_every=max(1, sweep.eval_every_responses // B0),
-                target=0.0, target_margin=0.0))
+            runs.append(tune_run(sweep, base, algo, lr))
     return runs
+
+
+def tune_run(sweep: SweepConfig, base: TrainConfig, algo: str, lr: float) -> TrainConfig:
+    """The tuning run of one (algo, base lr) at the reference batch."""
+    B0 = _reference_batch(sweep, algo)
+    G = 1 if algo == "ppo" else (sweep.base_group or min(sweep.group_sizes))
+    name = f"{algo}_P{B0 // G}_G{G}_lr{lr:g}"
+    return base.replace(
+        run_dir=os.path.join(sweep.sweep_dir, TUNE_DIR, name), algo=algo,
+        prompts_per_step=B0 // G, group_size=G, lr_rule="sqrt", seed=0, base_batch=B0,
+        gen_batch_ratio=1,
+        base_lr=lr, max_responses=sweep.tune_responses, max_steps=10 ** 9,
+        eval_every=max(1, sweep.eval_every_responses // 2 // B0),
+        checkpoint_every=max(1, sweep.eval_every_responses // B0),
+        target=0.0, target_margin=0.0)
+
+
+def extend_tuning(sweep: SweepConfig, base: TrainConfig, tune: list[TrainConfig]
+                  ) -> list[TrainConfig]:
+    """Tuning runs to add: per algo whose best lr is at an edge of its scored grid, the edge
+    times / divided by tune_factor (scaling.lr_bracket.extension); [] when all bracketed."""
+    from jaxrl_scale.scaling import lr_bracket
+    have = {(c.algo, c.optim.base_lr) for c in tune}
+    out = []
+    for algo in sweep.algos:
+        scores = {c.optim.base_lr: tune_score(c.run_dir) for c in tune if c.algo == algo}
+        for lr in lr_bracket.extension(scores, sweep.tune_factor):
+            if (algo, lr) not in have:
+                out.append(tune_run(sweep, base, algo, lr))
+    return out
 
 
 def tune_score(run_dir: str) -> float | None:
@@ -193,15 +217,19 @@ def tune_score(run_dir: str) -> float | None:
     return float(area / (n[-1] - n[0]))
 
 
-def choose_lrs(sweep: SweepConfig, tune_runs: list[TrainConfig]) -> dict[str, Any]:
-    """{algo: {"lr", "scores": {lr: score}}} from finished tuning runs (highest score)."""
+def choose_lrs(sweep: SweepConfig, tune_runs: list[TrainConfig], extensions: int = 0
+               ) -> dict[str, Any]:
+    """{algo: {"lr", "scores": {lr: score}, "lr_tuning": {grid, scores, chosen, bracketed,
+    bracket, extensions}}} from finished tuning runs (highest score)."""
     out = {}
     for algo in sweep.algos:
         scores = {c.optim.base_lr: tune_score(c.run_dir) for c in tune_runs if c.algo == algo}
         ok = {lr: s for lr, s in scores.items() if s is not None}
         if ok:
+            from jaxrl_scale.scaling import lr_bracket
             out[algo] = {"lr": max(ok, key=lambda lr: (ok[lr], -lr)), "scores": scores,
-                         "criterion": "mean of the monotone-smoothed eval curve"}
+                         "criterion": "mean of the monotone-smoothed eval curve",
+                         "lr_tuning": lr_bracket.lr_tuning(scores, extensions)}
     return out
 
 
@@ -334,6 +362,11 @@ def _check_sweep_fields(sweep: SweepConfig) -> None:
     bad = [r for r in sweep.lr_rules if r not in ADAM_RULES]
     need("lr_rules", bool(sweep.lr_rules) and not bad, f"{bad or 'empty'} not among "
          f"{ADAM_RULES}", f"use some of {', '.join(ADAM_RULES)}")
+    need("tune_factor", sweep.tune_factor > 1, f"must be > 1, got {sweep.tune_factor}",
+         "e.g. --tune_factor=2")
+    need("tune_max_extensions", isinstance(sweep.tune_max_extensions, int)
+         and sweep.tune_max_extensions >= 0, f"must be an integer >= 0, got "
+         f"{sweep.tune_max_extensions!r}", "e.g. --tune_max_extensions=3 (0: the grid as given)")
     need("tune_lrs", all(lr > 0 for lr in sweep.tune_lrs),
          f"learning rates must be > 0, got {sweep.tune_lrs}", "e.g. --tune_lrs=1e-4,2e-4")
     for field in ("max_responses", "eval_every_responses", "tune_responses"):
@@ -393,11 +426,11 @@ def _prepare(sweep: SweepConfig) -> str:
     return os.path.join(sweep.sweep_dir, EVAL0_DIR)
 
 
-def _tuned_plan(sweep: SweepConfig, base: TrainConfig, tune: list[TrainConfig]
-                ) -> tuple[dict[str, Any], list[TrainConfig]]:
+def _tuned_plan(sweep: SweepConfig, base: TrainConfig, tune: list[TrainConfig],
+                extensions: int = 0) -> tuple[dict[str, Any], list[TrainConfig]]:
     """The lr chosen from the finished tuning runs (recorded in lr_tune.json) and the study's
     runs with it (recorded in sweep.json)."""
-    lrs = choose_lrs(sweep, tune)
+    lrs = choose_lrs(sweep, tune, extensions)
     if tune:
         write_json(os.path.join(sweep.sweep_dir, TUNE_FILE), {
             "reference_batch": {a: _reference_batch(sweep, a) for a in sweep.algos},
@@ -462,7 +495,17 @@ def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
     eval0 = _prepare(sweep)
     t_start = time.time()
     errors, timings = _run_all(tune, "lr tuning", progress, eval0, sweep)
-    lrs, runs = _tuned_plan(sweep, base, tune)
+    n_ext = 0   # extend the lr grid until its best value is interior (issue 27 item 1)
+    while n_ext < sweep.tune_max_extensions:
+        more = extend_tuning(sweep, base, tune)
+        if not more:
+            break
+        n_ext += 1
+        e, t = _run_all(more, f"lr tuning (extension {n_ext})", progress, eval0, sweep)
+        errors.update(e)
+        timings.update(t)
+        tune = tune + more
+    lrs, runs = _tuned_plan(sweep, base, tune, n_ext)
     e2, t2 = _run_all(runs, "sweep", progress, eval0, sweep)
     errors.update(e2)
     timings.update(t2)

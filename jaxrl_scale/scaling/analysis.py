@@ -24,6 +24,7 @@ import numpy as np
 from jaxrl_scale.scaling import drift as sdrift
 from jaxrl_scale.scaling import familywise
 from jaxrl_scale.scaling import io as sio
+from jaxrl_scale.scaling import lr_bracket
 from jaxrl_scale.scaling import noise as snoise
 from jaxrl_scale.scaling import stats
 from jaxrl_scale.scaling import time_to_target as ttt
@@ -842,4 +843,8 @@ def analyze_sweep(sweep_dir: str | None, target: Any = "auto", reference: str | 
     summary = analyze_runs(runs, target, reference, tolerance, fit_sigmoid,
                            skipped=skipped, **kwargs)
     summary["sweep_dir"] = sweep_dir
+    tuning = lr_bracket.read_lr_tuning(sweep_dir)
+    if tuning:   # issue 27 item 1: the primary algorithm's record, and all of them
+        summary["lr_tuning"] = tuning.get(summary["primary_algo"]) or next(iter(tuning.values()))
+        summary["lr_tuning_by_algo"] = tuning
     return summary

@@ -125,15 +125,18 @@ def calibrate(design: Design, n_sweeps: int, seed: int = 0, effects: Sequence[fl
     rng = np.random.default_rng(seed)
     target_cfg = design.configs[4][0] if len(design.configs) > 4 else design.configs[-1][0]
     cov_T, cov_N, mde = [], [], []
+    cov_by = {c[0]: [] for c in design.configs[1:]}
     null_err = []
     for _ in range(n_sweeps):
         r = one_sweep(design, rng, n_boot=n_boot)
         null_err.append(any(c["verdict"] in ("faster", "slower") for c in r["configs"].values()))
         cov_T += [c["cover_T"] for c in r["configs"].values()]
         cov_N += [c["cover_r_N"] for c in r["configs"].values()]
+        for g, c in r["configs"].items():
+            cov_by[g].append(c["cover_T"])
         if r["min_detectable_r_N"]:
             mde.append(r["min_detectable_r_N"])
-    power, false_eff = {}, {}
+    power, false_eff, cov_eff = {}, {}, {}
     for e in effects:
         hits, wrong = [], []
         for _ in range(n_sweeps):
@@ -143,13 +146,15 @@ def calibrate(design: Design, n_sweeps: int, seed: int = 0, effects: Sequence[fl
                              for g, c in r["configs"].items() if g != target_cfg))
             cov_T += [c["cover_T"] for c in r["configs"].values()]
             cov_N += [c["cover_r_N"] for c in r["configs"].values()]
+            cov_eff.setdefault(f"{e:g}", []).append(r["configs"][target_cfg]["cover_T"])
         power[f"{e:g}"] = _rate(hits)
         false_eff[f"{e:g}"] = _rate(wrong)
     return {"design": dataclasses.asdict(design), "n_sweeps": n_sweeps, "seed": seed,
             "effect_config": target_cfg, "null_fwer": _rate(null_err), "power": power,
             "false_in_effect": false_eff, "coverage_T": _rate(cov_T),
             "coverage_r_N": _rate(cov_N),
-            "coverage_T_by_config": {g: _rate(x) for g, x in cov_by.items()},
+            "coverage_T_null_by_config": {g: _rate(x) for g, x in cov_by.items()},
+            "coverage_T_effect_config": {e: _rate(x) for e, x in cov_eff.items()},
             "median_min_detectable_r_N": float(np.median(mde)) if mde else None}
 
 

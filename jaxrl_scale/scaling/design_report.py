@@ -17,7 +17,10 @@ def lr_lines(summary: dict) -> list[str]:
     """One line per algorithm of summary["lr_tuning"]: the bracket, or a WARNING when the
     chosen lr is at the edge of the grid."""
     out = []
-    for algo, t in sorted((summary.get("lr_tuning") or {}).items()):
+    by = summary.get("lr_tuning_by_algo") or (
+        {summary.get("primary_algo") or "?": summary["lr_tuning"]}
+        if summary.get("lr_tuning") else {})
+    for algo, t in sorted(by.items()):
         if not t or t.get("chosen") is None:
             continue
         curve = ", ".join(f"{_f(lr)}: {_f(s)}" for lr, s in zip(t["grid"], t["scores"]))
