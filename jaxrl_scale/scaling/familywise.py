@@ -384,6 +384,9 @@ def merge_into(st: dict, f: dict) -> None:
             st[name + "_ci_boot"] = st.get(name + "_ci")
             st[name + "_ci"] = f[name + "_ci_t"]
     st["verdict_per_config"] = st.get("verdict")
+    if "interleaved" in (f.get("test") or "") and f.get("T_over_T0_geo") is not None:
+        st["T_over_T0_in_run"] = st.get("T_over_T0")     # r_q from the timing pass instead
+        st["T_over_T0"] = f["T_over_T0_geo"]
     st.update({k: v for k, v in f.items() if not k.endswith("_ci_t")})
 
 
