@@ -67,6 +67,8 @@ class SweepConfig:
     tune_responses: int = 6144         # response budget of each tuning run
     tune_factor: float = 2.0           # the grid grows by this factor beyond its best edge
     tune_max_extensions: int = 3       # rounds of extension until the best lr is interior
+    timing_steps: int = 0              # > 0: an interleaved timing pass after the runs
+                                       # (timing.json; the analysis takes r_q from it)
     target: float | str = "auto"       # analysis target J* ("auto": from the reference)
     compile_cache: bool = True         # JAX persistent compilation cache (shared shapes)
     executor: str = "local"            # "local": one run after another; "ray": a task per run
@@ -362,6 +364,9 @@ def _check_sweep_fields(sweep: SweepConfig) -> None:
     bad = [r for r in sweep.lr_rules if r not in ADAM_RULES]
     need("lr_rules", bool(sweep.lr_rules) and not bad, f"{bad or 'empty'} not among "
          f"{ADAM_RULES}", f"use some of {', '.join(ADAM_RULES)}")
+    need("timing_steps", isinstance(sweep.timing_steps, int) and sweep.timing_steps >= 0,
+         f"must be an integer >= 0, got {sweep.timing_steps!r}",
+         "e.g. --timing_steps=6 (0: no timing pass)")
     need("tune_factor", sweep.tune_factor > 1, f"must be > 1, got {sweep.tune_factor}",
          "e.g. --tune_factor=2")
     need("tune_max_extensions", isinstance(sweep.tune_max_extensions, int)
@@ -443,6 +448,37 @@ def _tuned_plan(sweep: SweepConfig, base: TrainConfig, tune: list[TrainConfig],
     return lrs, runs
 
 
+def write_timing_pass(sweep: SweepConfig, runs: list[TrainConfig], progress: bool = True
+                      ) -> str | None:
+    """The interleaved timing pass (`experiment.timing.time_batches`) over every synchronous
+    batch of each algorithm, written to SWEEP_DIR/timing.json (kept when it exists): every
+    batch is stepped once per round on the same machine state, so r_q from it is not moved by
+    a slow spell of the machine (scaling.drift). None, or the error as one line."""
+    from jaxrl_scale.scaling.drift import TIMING_FILE
+    path = os.path.join(sweep.sweep_dir, TIMING_FILE)
+    if os.path.isfile(path):
+        return None
+    try:
+        from jaxrl_scale.experiment.timing import time_batches
+        entries = []
+        for algo in sweep.algos:
+            cfgs = [c for c in runs if c.algo == algo and c.gen_batch_ratio == 1]
+            if not cfgs:
+                continue
+            G = 1 if algo == "ppo" else (sweep.base_group or min(sweep.group_sizes))
+            ref = min(cfgs, key=lambda c: (c.group_size != G, c.batch_train))
+            batches = sorted({c.batch_train for c in cfgs if c.batch_train % G == 0})
+            out = time_batches(ref.replace(group_size=G), batches, warmup=2,
+                               steps=sweep.timing_steps, progress=progress)
+            entries += [{**e, "algo": algo} for e in out]
+        write_json(path, {"entries": entries, "interleaved": True,
+                          "steps": sweep.timing_steps}, indent=2)
+    except Exception as e:  # the study's runs stand; the analysis falls back to in-run q
+        _write_error(os.path.join(sweep.sweep_dir, "_timing"), traceback.format_exc())
+        return _one_line(e)
+    return None
+
+
 def all_runs(sweep: SweepConfig, base: TrainConfig) -> list[tuple[str, TrainConfig]]:
     """(name relative to sweep_dir, config) of every run, in the order `run_one` indexes them:
     the lr-tuning runs first, then the study's runs (with base.optim.base_lr: the tuned lr is
@@ -509,6 +545,10 @@ def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
     e2, t2 = _run_all(runs, "sweep", progress, eval0, sweep)
     errors.update(e2)
     timings.update(t2)
+    if sweep.timing_steps > 0:
+        err = write_timing_pass(sweep, runs, progress)
+        if err:
+            errors["_timing"] = err
     with open(os.path.join(sweep.sweep_dir, "sweep_status.json"), "w") as f:
         json.dump({"errors": errors, "wall_s_this_call": timings,
                    "total_wall_s_this_call": time.time() - t_start}, f, indent=2)

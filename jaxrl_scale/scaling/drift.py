@@ -39,6 +39,7 @@ def read_timing(sweep_dir: str | None) -> list[dict] | None:
 
 def _match(entries: Sequence[dict], st: dict) -> dict | None:
     k = st.get("gen_batch_ratio") or 1
+    entries = [e for e in entries if e.get("algo") in (None, st.get("algo"))]
     same = [e for e in entries if e.get("batch") == st.get("batch")
             and (e.get("gen_batch_ratio") or 1) == k]
     g = [e for e in same if e.get("group_size") == st.get("group_size")]
