@@ -58,3 +58,31 @@ def test_summary_and_report_carry_the_bracket(tmp_path):
     answer = open(s["report_path"]).read().split("## Answer", 1)[1].strip().splitlines()
     assert answer[0].startswith("- WARNING [grpo]: the tuned base lr 0.0001 is at the edge")
     assert any(ln.startswith("- Power [grpo]: with 2 seeds") for ln in answer[:3])
+
+
+def test_sweep_extend_tuning_adds_the_lr_beyond_the_best_edge(tmp_path):
+    """sweep.extend_tuning on finished tuning runs whose score falls with lr: one new run at
+    1e-4 / 2; none once the grid brackets the best lr."""
+    import json
+    import os
+    from jaxrl_scale.experiment import sweep as sw
+    from jaxrl_scale.experiment.config import TrainConfig
+    sweep = sw.SweepConfig(sweep_dir=str(tmp_path), tune_lrs=(1e-4, 2e-4, 3e-4))
+    base = TrainConfig()
+
+    def fake(cfgs, score):
+        for c in cfgs:
+            os.makedirs(c.run_dir, exist_ok=True)
+            with open(os.path.join(c.run_dir, "metrics.jsonl"), "w") as f:
+                for n in (0, 1000, 2000):
+                    f.write(json.dumps({"step": n // 128, "responses": n,
+                                        "score": score(c.optim.base_lr) * n / 2000}) + "\n")
+
+    tune = sw.tune_plan(sweep, base)
+    fake(tune, lambda lr: 0.3 - 100 * lr)
+    more = sw.extend_tuning(sweep, base, tune)
+    assert [c.optim.base_lr for c in more] == [5e-5] and "_lr5e-05" in more[0].run_dir
+    fake(more, lambda lr: 0.1)
+    assert sw.extend_tuning(sweep, base, tune + more) == []
+    t = sw.choose_lrs(sweep, tune + more, 1)["grpo"]
+    assert t["lr"] == 1e-4 and t["lr_tuning"]["bracketed"] and t["lr_tuning"]["extensions"] == 1

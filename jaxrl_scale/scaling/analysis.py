@@ -8,6 +8,10 @@ its own algorithm (SCIENCE.md sections 1-4). Then the set of configs not disting
 the fastest, both critical batches, grad-norm slopes, noise scales and curve invariance with
 a band derived from the measured eval noise; and, for configs run with asynchronous partial
 rollout (gen_batch_ratio k > 1), their q, N* and T against the synchronous twin (section 3).
+Verdicts and the fastest set are family-wise over all configs of the sweep
+(`scaling.familywise`: Holm over seed-paired, pooled-variance t tests of log T/T0; the t
+intervals replace the bootstrap ones as *_ci, which stay as *_ci_boot), with the design's
+power (min_detectable_r_N); r_q prefers an interleaved timing pass (`scaling.drift`).
 Pure numpy: it never imports JAX.
 """
 
