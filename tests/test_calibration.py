@@ -61,6 +61,17 @@ def test_full_analysis_agrees_with_the_fast_path():
     assert r["min_detectable_r_N"] and 1.0 < r["min_detectable_r_N"] < 2.0
 
 
+def test_power_line_warns_when_n_star_sits_before_the_second_eval():
+    from jaxrl_scale.scaling.analysis import analyze_runs
+    from jaxrl_scale.scaling.design_report import power_lines
+    rng = np.random.default_rng(3)
+    s = analyze_runs(cal.simulate_runs(cal.DEFAULT, rng), "auto", n_boot=20)
+    line = power_lines(s)[0]
+    assert line.startswith("Power [grpo]: with 3 seeds") and "Caution: the median run" in line
+    s = analyze_runs(cal.simulate_runs(cal.POWERED, rng), "auto", n_boot=20)
+    assert "Caution" not in power_lines(s)[0]
+
+
 def test_t_distribution_and_holm():
     assert fw.t_ppf(0.975, 1) == pytest.approx(12.7062, rel=1e-4)
     assert fw.t_ppf(0.95, 14) == pytest.approx(1.76131, rel=1e-4)

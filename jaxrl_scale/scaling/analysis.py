@@ -253,6 +253,7 @@ def run_stats(run: Run, target: float, n_boot: int, rng: np.random.Generator,
                T=_or_none(t_point) if reached else None, q_overall=_or_none(q_all),
                responses_total=float(total_n), smoothed_final=float(fit[-1]),
                frac_replicates_reached=float(np.mean(np.isfinite(n_reps))),
+               evals_before_N_star=int(np.sum(n < point)) if reached else None,
                updates_to_target=_or_none(point / run.batch) if run.batch and reached else None)
     return out, {"N": n_reps, "q": q_reps, "fit": fit, "se": se}
 
