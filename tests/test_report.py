@@ -93,7 +93,10 @@ def test_report_answer_first_and_figures(noisy):
     facts = report.facts(s)
     main = [f for f in facts if not f.startswith("Source finding")]
     pos = [answer.index(f"- {f}\n") for f in main]
-    assert pos == sorted(pos) and len(main) == 13  # 2 x (power + 3 verdicts + best + ctb) + cgb
+    # design lines (2 x design power + drift) + 2 x (power + 3 verdicts + best + ctb) + cgb
+    assert pos == sorted(pos) and len(main) == 16
+    assert main[0].startswith("Power [grpo]: with ") and main[2].startswith("Throughput: ")
+    assert "machine drift is not controlled" in main[2]
     finds = [f for f in facts if f.startswith("Source finding")]
     assert len(finds) == 11 and len(re.findall(r"^- \(\d\) .*: \*\*", answer, re.M)) == 11
 
@@ -200,7 +203,7 @@ def test_underpowered_when_eval_noise_is_large(tmp_path):
     _noisy(tmp_path, "grpo_P4_sqrt", 32, 100, curve(amp=0.3), eval_n=50, train_s=False)
     _noisy(tmp_path, "grpo_P8_sqrt", 64, 100, curve(amp=0.3), eval_n=50, train_s=False)
     s = scaling.analyze_sweep(str(tmp_path), "auto", n_boot=100)
-    power = report.facts(s)[0]
+    power = [f for f in report.facts(s) if f.startswith("Power (reference")][0]
     assert s["signal_to_noise"] < 6
     assert power.endswith("UNDERPOWERED: verdicts below may be noise.")
 
@@ -222,6 +225,11 @@ def _sweep(root):
     write_synthetic_run(root, "grpo_B2048_sqrt_s0", 2048, 12000, 24)
     write_synthetic_run(root, "grpo_B4096_sqrt_s0", 4096, 12000, 30, cap=0.4)
     write_synthetic_run(root, "grpo_B1024_fixed_s0", 1024, 16000, 15, lr_rule="fixed")
+    # Second seeds, 1.1x the samples like the reference's: seed-paired family-wise tests
+    for name, b, n, q, rule in (("grpo_B1024_sqrt", 1024, 10000, 15, "sqrt"),
+                                ("grpo_B2048_sqrt", 2048, 12000, 24, "sqrt"),
+                                ("grpo_B1024_fixed", 1024, 16000, 15, "fixed")):
+        write_synthetic_run(root, f"{name}_s1", b, 1.1 * n, q, seed=1, lr_rule=rule)
     os.makedirs(os.path.join(root, "crashed"))
     return str(root)
 

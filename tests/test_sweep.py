@@ -84,7 +84,8 @@ def test_sweep_resume_skips_finished_runs(tmp_path, monkeypatch):
     sweep = SweepConfig(sweep_dir=str(tmp_path / "sweep"), prompts=(4, 8), group_sizes=(2,),
                         base_prompts=0, lr_rules=("sqrt",), fixed_prompts=(), pairs=(), seeds=(0,),
                         max_responses=32, eval_every_responses=16, tune_lrs=(1e-3, 3e-3),
-                        tune_responses=16, target=0.5, compile_cache=False)
+                        tune_responses=16, target=0.5, compile_cache=False,
+                        tune_max_extensions=0)
     calls = []
     real = sweep_mod.run_training
 

@@ -48,6 +48,11 @@ SWEEP_HELP = {
     "eval_every_responses": "evaluate about every this many retained responses",
     "tune_lrs": "base lrs tried at the reference batch first (empty: --base_lr)",
     "tune_responses": "budget of each lr-tuning run",
+    "timing_steps": "timed steps per batch of an interleaved timing pass after the runs "
+                    "(0: none; r_q then comes from in-run step times, drift not controlled)",
+    "tune_factor": "the lr grid is extended by this factor beyond its best edge",
+    "tune_max_extensions": "rounds of lr-grid extension until the best lr is interior "
+                           "(0: the grid as given)",
     "target": "validation score J* of the analysis, or 'auto' (start + half of what every "
               "reference seed reaches)",
     "compile_cache": "JAX persistent compilation cache",

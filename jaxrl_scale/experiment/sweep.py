@@ -64,6 +64,10 @@ class SweepConfig:
     eval_every_responses: int = 5120   # evals at the same N for every batch (64..1024 divide it)
     tune_lrs: tuple[float, ...] = (1e-4, 2e-4, 3e-4)   # lr-tuning stage at B0 (empty: none)
     tune_responses: int = 6144         # response budget of each tuning run
+    tune_factor: float = 2.0           # the grid grows by this factor beyond its best edge
+    tune_max_extensions: int = 3       # rounds of extension until the best lr is interior
+    timing_steps: int = 0              # > 0: an interleaved timing pass after the runs
+                                       # (timing.json; the analysis takes r_q from it)
     target: float | str = "auto"       # analysis target J* ("auto": from the reference)
     compile_cache: bool = True         # JAX persistent compilation cache (shared shapes)
     executor: str = "local"            # "local": one run after another; "ray": a task per run
@@ -167,16 +171,38 @@ def tune_plan(sweep: SweepConfig, base: TrainConfig) -> list[TrainConfig]:
         B0 = _reference_batch(sweep, algo)
         G = 1 if algo == "ppo" else (sweep.base_group or min(sweep.group_sizes))
         for lr in sweep.tune_lrs:
-            name = f"{algo}_P{B0 // G}_G{G}_lr{lr:g}"
-            runs.append(base.replace(
-                run_dir=os.path.join(sweep.sweep_dir, TUNE_DIR, name), algo=algo,
-                prompts_per_step=B0 // G, group_size=G, lr_rule="sqrt", seed=0, base_batch=B0,
-                gen_batch_ratio=1,
-                base_lr=lr, max_responses=sweep.tune_responses, max_steps=10 ** 9,
-                eval_every=max(1, sweep.eval_every_responses // 2 // B0),
-                checkpoint_every=max(1, sweep.eval_every_responses // B0),
-                target=0.0, target_margin=0.0))
+            runs.append(tune_run(sweep, base, algo, lr))
     return runs
+
+
+def tune_run(sweep: SweepConfig, base: TrainConfig, algo: str, lr: float) -> TrainConfig:
+    """The tuning run of one (algo, base lr) at the reference batch."""
+    B0 = _reference_batch(sweep, algo)
+    G = 1 if algo == "ppo" else (sweep.base_group or min(sweep.group_sizes))
+    name = f"{algo}_P{B0 // G}_G{G}_lr{lr:g}"
+    return base.replace(
+        run_dir=os.path.join(sweep.sweep_dir, TUNE_DIR, name), algo=algo,
+        prompts_per_step=B0 // G, group_size=G, lr_rule="sqrt", seed=0, base_batch=B0,
+        gen_batch_ratio=1,
+        base_lr=lr, max_responses=sweep.tune_responses, max_steps=10 ** 9,
+        eval_every=max(1, sweep.eval_every_responses // 2 // B0),
+        checkpoint_every=max(1, sweep.eval_every_responses // B0),
+        target=0.0, target_margin=0.0)
+
+
+def extend_tuning(sweep: SweepConfig, base: TrainConfig, tune: list[TrainConfig]
+                  ) -> list[TrainConfig]:
+    """Tuning runs to add: per algo whose best lr is at an edge of its scored grid, the edge
+    times / divided by tune_factor (scaling.lr_bracket.extension); [] when all bracketed."""
+    from jaxrl_scale.scaling import lr_bracket
+    have = {(c.algo, c.optim.base_lr) for c in tune}
+    out = []
+    for algo in sweep.algos:
+        scores = {c.optim.base_lr: tune_score(c.run_dir) for c in tune if c.algo == algo}
+        for lr in lr_bracket.extension(scores, sweep.tune_factor):
+            if (algo, lr) not in have:
+                out.append(tune_run(sweep, base, algo, lr))
+    return out
 
 
 def tune_score(run_dir: str) -> float | None:
@@ -192,15 +218,19 @@ def tune_score(run_dir: str) -> float | None:
     return float(area / (n[-1] - n[0]))
 
 
-def choose_lrs(sweep: SweepConfig, tune_runs: list[TrainConfig]) -> dict[str, Any]:
-    """{algo: {"lr", "scores": {lr: score}}} from finished tuning runs (highest score)."""
+def choose_lrs(sweep: SweepConfig, tune_runs: list[TrainConfig], extensions: int = 0
+               ) -> dict[str, Any]:
+    """{algo: {"lr", "scores": {lr: score}, "lr_tuning": {grid, scores, chosen, bracketed,
+    bracket, extensions}}} from finished tuning runs (highest score)."""
     out = {}
     for algo in sweep.algos:
         scores = {c.optim.base_lr: tune_score(c.run_dir) for c in tune_runs if c.algo == algo}
         ok = {lr: s for lr, s in scores.items() if s is not None}
         if ok:
+            from jaxrl_scale.scaling import lr_bracket
             out[algo] = {"lr": max(ok, key=lambda lr: (ok[lr], -lr)), "scores": scores,
-                         "criterion": "mean of the monotone-smoothed eval curve"}
+                         "criterion": "mean of the monotone-smoothed eval curve",
+                         "lr_tuning": lr_bracket.lr_tuning(scores, extensions)}
     return out
 
 
@@ -333,6 +363,14 @@ def _check_sweep_fields(sweep: SweepConfig) -> None:
     bad = [r for r in sweep.lr_rules if r not in ADAM_RULES]
     need("lr_rules", bool(sweep.lr_rules) and not bad, f"{bad or 'empty'} not among "
          f"{ADAM_RULES}", f"use some of {', '.join(ADAM_RULES)}")
+    need("timing_steps", isinstance(sweep.timing_steps, int) and sweep.timing_steps >= 0,
+         f"must be an integer >= 0, got {sweep.timing_steps!r}",
+         "e.g. --timing_steps=6 (0: no timing pass)")
+    need("tune_factor", sweep.tune_factor > 1, f"must be > 1, got {sweep.tune_factor}",
+         "e.g. --tune_factor=2")
+    need("tune_max_extensions", isinstance(sweep.tune_max_extensions, int)
+         and sweep.tune_max_extensions >= 0, f"must be an integer >= 0, got "
+         f"{sweep.tune_max_extensions!r}", "e.g. --tune_max_extensions=3 (0: the grid as given)")
     need("tune_lrs", all(lr > 0 for lr in sweep.tune_lrs),
          f"learning rates must be > 0, got {sweep.tune_lrs}", "e.g. --tune_lrs=1e-4,2e-4")
     for field in ("max_responses", "eval_every_responses", "tune_responses"):
@@ -392,11 +430,11 @@ def _prepare(sweep: SweepConfig) -> str:
     return os.path.join(sweep.sweep_dir, EVAL0_DIR)
 
 
-def _tuned_plan(sweep: SweepConfig, base: TrainConfig, tune: list[TrainConfig]
-                ) -> tuple[dict[str, Any], list[TrainConfig]]:
+def _tuned_plan(sweep: SweepConfig, base: TrainConfig, tune: list[TrainConfig],
+                extensions: int = 0) -> tuple[dict[str, Any], list[TrainConfig]]:
     """The lr chosen from the finished tuning runs (recorded in lr_tune.json) and the study's
     runs with it (recorded in sweep.json)."""
-    lrs = choose_lrs(sweep, tune)
+    lrs = choose_lrs(sweep, tune, extensions)
     if tune:
         write_json(os.path.join(sweep.sweep_dir, TUNE_FILE), {
             "reference_batch": {a: _reference_batch(sweep, a) for a in sweep.algos},
@@ -407,6 +445,37 @@ def _tuned_plan(sweep: SweepConfig, base: TrainConfig, tune: list[TrainConfig]
         "sweep": dataclasses.asdict(sweep), "base": base.to_json(), "base_lrs": base_lrs,
         "runs": [os.path.basename(c.run_dir) for c in runs]}, indent=2)
     return lrs, runs
+
+
+def write_timing_pass(sweep: SweepConfig, runs: list[TrainConfig], progress: bool = True
+                      ) -> str | None:
+    """The interleaved timing pass (`experiment.timing.time_batches`) over every synchronous
+    batch of each algorithm, written to SWEEP_DIR/timing.json (kept when it exists): every
+    batch is stepped once per round on the same machine state, so r_q from it is not moved by
+    a slow spell of the machine (scaling.drift). None, or the error as one line."""
+    from jaxrl_scale.scaling.drift import TIMING_FILE
+    path = os.path.join(sweep.sweep_dir, TIMING_FILE)
+    if os.path.isfile(path):
+        return None
+    try:
+        from jaxrl_scale.experiment.timing import time_batches
+        entries = []
+        for algo in sweep.algos:
+            cfgs = [c for c in runs if c.algo == algo and c.gen_batch_ratio == 1]
+            if not cfgs:
+                continue
+            G = 1 if algo == "ppo" else (sweep.base_group or min(sweep.group_sizes))
+            ref = min(cfgs, key=lambda c: (c.group_size != G, c.batch_train))
+            batches = sorted({c.batch_train for c in cfgs if c.batch_train % G == 0})
+            out = time_batches(ref.replace(group_size=G), batches, warmup=2,
+                               steps=sweep.timing_steps, progress=progress)
+            entries += [{**e, "algo": algo} for e in out]
+        write_json(path, {"entries": entries, "interleaved": True,
+                          "steps": sweep.timing_steps}, indent=2)
+    except Exception as e:  # the study's runs stand; the analysis falls back to in-run q
+        _write_error(os.path.join(sweep.sweep_dir, "_timing"), traceback.format_exc())
+        return _one_line(e)
+    return None
 
 
 def all_runs(sweep: SweepConfig, base: TrainConfig) -> list[tuple[str, TrainConfig]]:
@@ -461,10 +530,24 @@ def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
     eval0 = _prepare(sweep)
     t_start = time.time()
     errors, timings = _run_all(tune, "lr tuning", progress, eval0, sweep)
-    lrs, runs = _tuned_plan(sweep, base, tune)
+    n_ext = 0   # extend the lr grid until its best value is interior (issue 27 item 1)
+    while n_ext < sweep.tune_max_extensions:
+        more = extend_tuning(sweep, base, tune)
+        if not more:
+            break
+        n_ext += 1
+        e, t = _run_all(more, f"lr tuning (extension {n_ext})", progress, eval0, sweep)
+        errors.update(e)
+        timings.update(t)
+        tune = tune + more
+    lrs, runs = _tuned_plan(sweep, base, tune, n_ext)
     e2, t2 = _run_all(runs, "sweep", progress, eval0, sweep)
     errors.update(e2)
     timings.update(t2)
+    if sweep.timing_steps > 0:
+        err = write_timing_pass(sweep, runs, progress)
+        if err:
+            errors["_timing"] = err
     write_json(os.path.join(sweep.sweep_dir, "sweep_status.json"),
                {"errors": errors, "wall_s_this_call": timings,
                 "total_wall_s_this_call": time.time() - t_start}, indent=2)

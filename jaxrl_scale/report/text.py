@@ -9,6 +9,7 @@ import os
 from jaxrl_scale.numbers import fmt, fmt_ci
 from jaxrl_scale.report.base import (MIN_SNR, _algo_info, _algo_of, _algos, _configs, _desc,
                                      _is_ref, _level, _multi, _ok, _per_batch, _sorted_configs)
+from jaxrl_scale.report.design import design_lines
 from jaxrl_scale.scaling import findings as findings_mod
 from jaxrl_scale.scaling.summary import Summary, as_summary
 
@@ -68,13 +69,13 @@ def _verdict_lines(summary: Summary, algo: str, prefix: str) -> list[str]:
     def tt(g, st):
         return f"{g} ({_desc(st)}): T/T0 = {fmt_ci(st.T_over_T0, st.T_over_T0_ci)}"
 
-    out.append(f"{prefix}Faster than the reference {ref} (T/T0 {lvl} interval below 1): "
+    out.append(f"{prefix}Faster than the reference {ref} (T/T0 below 1, Holm-adjusted over all configs at {lvl}): "
                + ("; ".join(tt(g, st) for g, st in sorted(
                    by["faster"], key=lambda kv: kv[1].T_over_T0)) or "none") + ".")
-    out.append(f"{prefix}Slower (interval above 1): "
+    out.append(f"{prefix}Slower (T/T0 above 1, family-wise): "
                + ("; ".join(tt(g, st) for g, st in sorted(
                    by["slower"], key=lambda kv: kv[1].T_over_T0)) or "none") + ".")
-    out.append(f"{prefix}Indistinguishable from the reference (interval contains 1): "
+    out.append(f"{prefix}Indistinguishable from the reference (no family-wise difference): "
                + ("; ".join(tt(g, st) for g, st in by["indistinguishable"]) or "none") + ".")
     if by["not reached"]:
         out.append(f"{prefix}Not reached: " + "; ".join(
@@ -197,7 +198,7 @@ def source_findings(summary) -> list[tuple[int, str, str, str]]:
 
 
 def _answer(summary: Summary) -> tuple[list[str], list[str]]:
-    main = []
+    main = design_lines(summary)   # lr bracket, power, drift first (issue 27)
     algos = _algos(summary)
     multi = len(algos) > 1
     for algo in algos:

@@ -8,6 +8,10 @@ its own algorithm (SCIENCE.md sections 1-4). Then the set of configs not disting
 the fastest, both critical batches, grad-norm slopes, noise scales and curve invariance with
 a band derived from the measured eval noise; and, for configs run with asynchronous partial
 rollout (gen_batch_ratio k > 1), their q, N* and T against the synchronous twin (section 3).
+Verdicts and the fastest set are family-wise over all configs of the sweep
+(`scaling.familywise`: Holm over seed-paired, pooled-variance t tests of log T/T0; the t
+intervals replace the bootstrap ones as *_ci, which stay as *_ci_boot), with the design's
+power (min_detectable_r_N); r_q prefers an interleaved timing pass (`scaling.drift`).
 Pure numpy: it never imports JAX.
 """
 
@@ -22,7 +26,10 @@ import numpy as np
 
 from jaxrl_scale.numbers import is_number, or_none, to_jsonable, write_json
 from jaxrl_scale.scaling import findings
+from jaxrl_scale.scaling import drift as sdrift
+from jaxrl_scale.scaling import familywise
 from jaxrl_scale.scaling import io as sio
+from jaxrl_scale.scaling import lr_bracket
 from jaxrl_scale.scaling import noise as snoise
 from jaxrl_scale.scaling import stats
 from jaxrl_scale.scaling import step_cost
@@ -125,7 +132,7 @@ def run_stats(run: Run, target: float, n_boot: int, rng: np.random.Generator,
                    smoothed_final=None, error="no eval records")
         return out, reps
     point, n_reps, fit = stats.bootstrap_crossing(n, s, se, target, n_boot, rng)
-    f = stats.time_factors(_durations(run), n_boot, rng)
+    f = stats.block_time_factors(_durations(run), n_boot, rng)
     t_point = float(ttt.time_at_many(run.train, [point])[0])
     t_reps = ttt.time_at_many(run.train, n_reps) * f
     q_reps = np.where(np.isfinite(n_reps), stats.ratio(n_reps, t_reps), q_all / f)
@@ -137,6 +144,7 @@ def run_stats(run: Run, target: float, n_boot: int, rng: np.random.Generator,
                T=or_none(t_point) if reached else None, q_overall=or_none(q_all),
                responses_total=float(total_n), smoothed_final=float(fit[-1]),
                frac_replicates_reached=float(np.mean(np.isfinite(n_reps))),
+               evals_before_N_star=int(np.sum(n < point)) if reached else None,
                updates_to_target=or_none(point / run.batch) if run.batch and reached else None)
     return out, {"N": n_reps, "q": q_reps, "fit": fit, "se": se}
 
@@ -235,26 +243,6 @@ def config_stats(groups: dict[str, list[Run]], per_run: dict, reps: dict, refs: 
                     r_n) else None
             creps[g]["r_N"] = rn_b
     return out, creps
-
-
-def best_sets(configs: dict, creps: dict, level: float) -> dict[str, list[str]]:
-    """Per algorithm: configs whose time to target is not distinguishable from the fastest's
-    (the interval of T / T_fastest reaches 1). Empty when nothing reached the target."""
-    out = {}
-    for algo in sorted({st["algo"] or "?" for st in configs.values()}):
-        ok = {g: st for g, st in configs.items() if (st["algo"] or "?") == algo
-              and st["reached"] and is_number(st["T"])}
-        if not ok:
-            out[algo] = []
-            continue
-        fastest = min(ok, key=lambda g: (ok[g]["T"], g))
-        keep = []
-        for g in ok:
-            lo, _ = stats.quantile_ci(stats.ratio(creps[g]["T"], creps[fastest]["T"]), level)
-            if g == fastest or not (lo > 1):
-                keep.append(g)
-        out[algo] = sorted(keep, key=lambda g: (ok[g]["T"], g))
-    return out
 
 
 def critical_training_batch(configs: dict, ref: dict, tolerance: float) -> dict:
@@ -358,8 +346,11 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
                  skipped: Sequence[dict] = (), ci_level: float = stats.CI_LEVEL,
                  n_boot: int = 1000, seed: int = 0, target_fraction: float = 0.5,
                  min_gain: float = 0.10, flat_slope: float = -0.25,
-            sweep_dir: str | None = None) -> Summary:
-    """The typed `Summary` of already-loaded runs (see :func:`analyze_sweep`)."""
+            sweep_dir: str | None = None, timing: Sequence[dict] | None = None) -> Summary:
+    """The typed `Summary` of already-loaded runs (see :func:`analyze_sweep`). ``timing``: the
+    entries of an interleaved timing pass (`experiment.timing.time_batches`), which r_q then
+    prefers over the in-run step times (`scaling.drift`); read from ``sweep_dir`` when None.
+    ``sweep_dir`` also supplies the lr tuning record (lr_tune.json, `scaling.lr_bracket`)."""
     target = parse_target(target)
     runs = list(runs)
     if not runs:
@@ -438,7 +429,17 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
                  T_over_T0=r_n / r_q if is_number(r_n) and is_number(r_q) and r_q else None,
                  is_reference=r.name in {z.name for _, rs in refs.values() for z in rs})
 
-    best = best_sets(configs, creps, ci_level)
+    if timing is None and sweep_dir is not None:
+        timing = sdrift.read_timing(sweep_dir)
+    drift_info, timing_offsets = sdrift.interleaved_r_q(timing, configs, refs, ci_level)
+    # Family-wise verdicts and fastest sets (scaling.familywise): they replace the per-config
+    # bootstrap verdicts; the bootstrap intervals stay as *_ci_boot.
+    fw = familywise.sweep_tests(configs, per_run, creps,
+                                {a: n for a, (n, _) in refs.items()}, ci_level,
+                                offsets=timing_offsets)
+    for g, f in fw["configs"].items():
+        familywise.merge_into(configs[g], f)
+    best = fw["best_sets"]
     primary = _primary(refs)
     per_algo = {}
     for algo, (name, rs) in refs.items():
@@ -477,13 +478,19 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
     p = per_algo[primary]
     cgb = p["critical_generation_batch"]
     found = findings.source_findings(per_algo, configs, creps, ci_level, tolerance, primary, cgb)
+    tuning = lr_bracket.read_lr_tuning(sweep_dir) if sweep_dir is not None else None
     return Summary(
         ci_level=ci_level, primary_algo=primary,
         algos={a: AlgoSummary.from_json(x) for a, x in per_algo.items()},
         runs={n: RunStats.from_json(x) for n, x in per_run.items()},
         configs={g: ConfigStats.from_json(x) for g, x in configs.items()},
         partial_rollout=partial, findings=tuple(found), tolerance=tolerance, n_boot=n_boot,
-        skipped=list(skipped), warnings=warnings, sweep_dir=sweep_dir)
+        skipped=list(skipped), warnings=warnings, sweep_dir=sweep_dir,
+        familywise={k: fw[k] for k in ("families", "n_tests", "alpha", "margin", "method")},
+        **familywise.power_fields(fw, ci_level, primary), drift=drift_info,
+        # issue 27 item 1: the primary algorithm's lr record, and all of them
+        lr_tuning=(tuning.get(primary) or next(iter(tuning.values()))) if tuning else None,
+        lr_tuning_by_algo=tuning or None)
 
 
 def analyze_runs(runs: Sequence[Run], target: Any = "auto", reference: str | None = None,

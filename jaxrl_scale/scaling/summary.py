@@ -94,6 +94,7 @@ class RunStats:
     responses_total: float | None = None
     frac_replicates_reached: float | None = None
     updates_to_target: float | None = None
+    evals_before_N_star: int | None = _opt()   # evals before the crossing (issue 27 item 2)
     error: str | None = _opt()      # "no eval records": the keys above are not computed
     sigmoid: dict | None = _opt()
 
@@ -157,6 +158,24 @@ class ConfigStats:
     critic_b_simple_range: list | None = None
     sigmoid_A: float | None = _opt()
     invariance: dict | None = _opt()
+    # Family-wise tests (scaling.familywise): the *_ci above are their t intervals, the
+    # bootstrap ones are kept as *_ci_boot; *_sci simultaneous over the sweep's configs.
+    verdict_per_config: str | None = _opt()
+    p_value: float | None = _opt()
+    p_holm: float | None = _opt()
+    test: str | None = _opt()
+    alike_T: bool | None = _opt()
+    alike_r_N: bool | None = _opt()
+    r_N_ci_boot: Interval | None = _opt()
+    r_q_ci_boot: Interval | None = _opt()
+    T_over_T0_ci_boot: Interval | None = _opt()
+    r_N_sci: Interval | None = _opt()
+    r_q_sci: Interval | None = _opt()
+    T_over_T0_sci: Interval | None = _opt()
+    r_N_geo: float | None = _opt()
+    r_q_geo: float | None = _opt()
+    T_over_T0_geo: float | None = _opt()
+    T_over_T0_in_run: float | None = _opt()   # with r_q from the in-run q (timing pass used)
 
     def to_json(self) -> dict:
         return _json(self)
@@ -220,8 +239,14 @@ class Summary:
     partial_rollout: list = dataclasses.field(default_factory=list)   # recorded: may lack it
     findings: tuple = ()   # (Finding, ...); summaries recorded before findings were data: ()
     sweep_dir: str | None = None
-    lr_tuning: dict | None = None          # {grid, scores, chosen, bracketed} (issue 27)
-    min_detectable_r_N: float | None = None
+    # Design and decision (issue 27): family-wise test setup, power, drift, lr bracket.
+    familywise: dict | None = None         # {families, n_tests, alpha, margin, method}
+    min_detectable_r_N: float | None = None           # 80% power, primary algorithm
+    min_detectable_T_over_T0: float | None = None
+    power: dict | None = None              # {algo: design power}
+    drift: dict | None = None              # {controlled, r_q_source, note, ...}
+    lr_tuning: dict | None = None          # {grid, scores, chosen, bracketed, ...}
+    lr_tuning_by_algo: dict | None = None
 
     @property
     def primary(self) -> AlgoSummary:
@@ -254,10 +279,10 @@ class Summary:
                    grad_norm=p.grad_norm, partial_rollout=self.partial_rollout,
                    findings=[f.to_json() for f in self.findings], tolerance=self.tolerance,
                    n_boot=self.n_boot, skipped=self.skipped, warnings=self.warnings)
-        if self.lr_tuning is not None:
-            out["lr_tuning"] = self.lr_tuning
-        if self.min_detectable_r_N is not None:
-            out["min_detectable_r_N"] = self.min_detectable_r_N
+        for k in ("familywise", "min_detectable_r_N", "min_detectable_T_over_T0", "power",
+                  "drift", "lr_tuning", "lr_tuning_by_algo"):
+            if getattr(self, k) is not None:
+                out[k] = getattr(self, k)
         out["sweep_dir"] = self.sweep_dir
         return out
 

@@ -1,0 +1,400 @@
+"""Family-wise decisions over the configs of a sweep (issue 27, item 4), and the power of the
+design (item 6). Pure numpy functions; `scaling.analysis` calls `sweep_tests`.
+
+Model. Per run (config c, seed k) the analysis has y_ck = log N*_ck (or log q_ck, or
+log T_ck = log N*_ck - log q_ck). Seed-to-seed learning speed and eval noise both enter y_ck;
+on the log scale their spread is taken to be the same for every config of an algorithm:
+
+    y_ck = mu_c + s_k + e_ck,   e_ck ~ N(0, sigma^2)
+
+- paired (every config of the algorithm ran the same K >= 2 seeds, as the sweep designs them:
+  a config and the reference share seeds and the step-0 eval): a randomised complete block
+  design, sigma^2 from the two-way residuals with (C - 1)(K - 1) degrees of freedom, and each
+  contrast mu_c - mu_0 is the mean over seeds of y_ck - y_0k, SE = sigma sqrt(2 / K);
+- unpaired (seed sets differ): one-way, sigma^2 pooled within configs with sum(K_c - 1) df,
+  SE = sigma sqrt(1 / K_c + 1 / K_0).
+
+The small-sample correction is Student's t with those df (pooling over configs keeps 3-5
+seeds usable: 8 configs x 3 seeds give 14 df instead of 2). Family-wise: Holm's step-down over
+the two-sided p-values of every config's T/T0 test in the sweep (all algorithms together), so
+a sweep of identical configs names a faster or slower config with probability <= alpha =
+1 - ci_level. "Alike" is an equivalence claim: the simultaneous (Bonferroni) interval of the
+ratio lies inside [0.8, 1.25]. The fastest set is Hsu's multiple comparison with the best
+(Bonferroni critical value): it holds the truly fastest config with probability >= ci_level.
+Without df (one seed per config), the bootstrap replicates give the p-values instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+EQUIV_MARGIN = (0.8, 1.25)
+POWER = 0.8
+
+
+# ----------------------------------------------------------------------------- Student t
+
+
+def _t_sf_int(t: np.ndarray, df: int) -> np.ndarray:
+    """P(T > t) for integer df >= 1 (Abramowitz & Stegun 26.7.3-4, finite sums)."""
+    t = np.asarray(t, float)
+    x = np.abs(t)
+    th = np.arctan(x / math.sqrt(df))
+    c2 = np.cos(th) ** 2
+    if df % 2 == 1:
+        s, term = np.zeros_like(x), np.ones_like(x)
+        if df > 1:
+            for j in range(1, (df - 1) // 2 + 1):
+                s = s + term
+                term = term * c2 * (2 * j) / (2 * j + 1)
+            a = 2 / math.pi * (th + np.sin(th) * np.cos(th) * s)
+        else:
+            a = 2 / math.pi * th
+    else:
+        s, term = np.zeros_like(x), np.ones_like(x)
+        for j in range(1, df // 2 + 1):
+            s = s + term
+            term = term * c2 * (2 * j - 1) / (2 * j)
+        a = np.sin(th) * s
+    upper = 0.5 * (1 - a)                  # P(T > |t|)
+    return np.where(t >= 0, upper, 1 - upper)
+
+
+def t_sf(t, df) -> np.ndarray:
+    """Survival function of Student's t; df is floored to an integer (conservative for a
+    Satterthwaite df), normal beyond 300 df, inf df = normal."""
+    t = np.asarray(t, float)
+    if not math.isfinite(df) or df > 300:
+        from math import erfc, sqrt
+        return np.vectorize(lambda v: 0.5 * erfc(v / sqrt(2)))(t) if t.ndim else \
+            np.float64(0.5 * erfc(float(t) / sqrt(2)))
+    return _t_sf_int(t, max(1, int(math.floor(df))))
+
+
+def t_ppf(p: float, df) -> float:
+    """Quantile of Student's t (bisection on `t_sf`, cached; df floored as in `t_sf`)."""
+    d = float(df) if not math.isfinite(df) or df > 300 else float(max(1, math.floor(df)))
+    return _t_ppf(float(p), d)
+
+
+@functools.lru_cache(maxsize=4096)
+def _t_ppf(p: float, df: float) -> float:
+    if not 0 < p < 1:
+        return math.copysign(math.inf, p - 0.5) if p != 0.5 else 0.0
+    lo, hi = -1e3, 1e3
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if 1 - float(t_sf(mid, df)) < p:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def holm(pvalues: Sequence[float]) -> np.ndarray:
+    """Holm's step-down adjusted p-values (monotone, capped at 1); NaN stays NaN."""
+    p = np.asarray(pvalues, float)
+    out = np.full(p.shape, np.nan)
+    ok = np.nonzero(np.isfinite(p))[0]
+    m = ok.size
+    if m == 0:
+        return out
+    order = ok[np.argsort(p[ok], kind="stable")]
+    adj = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
+    out[order] = adj
+    return out
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def pooled_variance(values: Mapping[str, Mapping[Any, float]]) -> dict:
+    """sigma^2 of `values` {config: {seed: y}} under the module's model: {"sigma", "df",
+    "paired", "seeds"}; df 0 (sigma NaN) when no config has two seeds."""
+    rows = {g: {k: float(v) for k, v in d.items() if np.isfinite(v)} for g, d in values.items()}
+    rows = {g: d for g, d in rows.items() if d}
+    seed_sets = {frozenset(d) for d in rows.values()}
+    if len(seed_sets) == 1 and len(rows) >= 2 and len(next(iter(seed_sets))) >= 2:
+        seeds = sorted(next(iter(seed_sets)), key=str)
+        y = np.array([[rows[g][k] for k in seeds] for g in rows])
+        resid = y - y.mean(1, keepdims=True) - y.mean(0, keepdims=True) + y.mean()
+        df = (y.shape[0] - 1) * (y.shape[1] - 1)
+        return {"sigma": float(math.sqrt(np.sum(resid ** 2) / df)), "df": df, "paired": True,
+                "seeds": seeds}
+    ss = sum(float(np.sum((np.array(list(d.values())) - np.mean(list(d.values()))) ** 2))
+             for d in rows.values())
+    df = sum(len(d) - 1 for d in rows.values())
+    return {"sigma": float(math.sqrt(ss / df)) if df > 0 else math.nan, "df": df,
+            "paired": False, "seeds": None}
+
+
+def contrast(values: Mapping[str, Mapping[Any, float]], config: str, reference: str,
+             var: dict) -> tuple[float, float]:
+    """(estimate of mu_config - mu_reference, its SE) under `var` (from `pooled_variance`)."""
+    a, b = values[config], values[reference]
+    if var["paired"]:
+        d = [a[k] - b[k] for k in var["seeds"]]
+        return float(np.mean(d)), var["sigma"] * math.sqrt(2.0 / len(d))
+    return (float(np.mean(list(a.values())) - np.mean(list(b.values()))),
+            var["sigma"] * math.sqrt(1.0 / len(a) + 1.0 / len(b)))
+
+
+def t_test(est: float, se: float, df: float, level: float, m: int = 1) -> dict:
+    """Two-sided test of 0, the marginal interval at `level` and the simultaneous one (over m
+    tests, Bonferroni), all on the log scale, returned as ratios."""
+    if math.isfinite(est) and se == 0 and df > 0:   # noise-free data: the ratio is exact
+        r = math.exp(est)
+        return {"log_ratio": est, "se": 0.0, "df": df, "p": 1.0 if est == 0 else 0.0,
+                "ci": [r, r], "sci": [r, r]}
+    if not (math.isfinite(est) and math.isfinite(se) and se > 0 and df > 0):
+        return {"log_ratio": est, "se": se, "df": df, "p": math.nan, "ci": [None, None],
+                "sci": [None, None]}
+    tstat = est / se
+    p = float(min(1.0, 2 * t_sf(abs(tstat), df)))
+    a = 1 - level
+    c1 = t_ppf(1 - a / 2, df)
+    cm = t_ppf(1 - a / (2 * max(m, 1)), df)
+    return {"log_ratio": est, "se": se, "df": df, "t": tstat, "p": p,
+            "ci": [math.exp(est - c1 * se), math.exp(est + c1 * se)],
+            "sci": [math.exp(est - cm * se), math.exp(est + cm * se)]}
+
+
+def bootstrap_p(reps: np.ndarray) -> float:
+    """Two-sided bootstrap p-value of ratio = 1 (NaN replicates left out)."""
+    r = np.asarray(reps, float)
+    r = r[~np.isnan(r)]
+    if r.size == 0:
+        return math.nan
+    return float(min(1.0, 2 * min(np.mean(r >= 1), np.mean(r <= 1)) + 1.0 / r.size))
+
+
+def inside(ci, margin=EQUIV_MARGIN) -> bool | None:
+    lo, hi = ci
+    if lo is None or hi is None:
+        return None
+    return bool(margin[0] <= lo and hi <= margin[1])
+
+
+# ----------------------------------------------------------------------------- power
+
+
+def power(log_effect: float, se: float, df: float, alpha: float, m: int = 1) -> float:
+    """Probability that a two-sided test at alpha / m detects a true log ratio `log_effect`
+    with standard error `se` (shifted-t approximation of the noncentral t)."""
+    if not (se > 0 and df > 0):
+        return math.nan
+    c = t_ppf(1 - alpha / (2 * max(m, 1)), df)
+    d = log_effect / se
+    return float(t_sf(c - d, df) + 1 - t_sf(-c - d, df))
+
+
+def min_detectable_log_ratio(se: float, df: float, alpha: float, m: int = 1,
+                             target_power: float = POWER) -> float:
+    """Smallest |log ratio| detected with `target_power` by a two-sided test at alpha / m
+    (Holm's first step, so a bound for every step): (t_{1-alpha/2m} + t_power) * se."""
+    if not (se > 0 and df > 0):
+        return math.nan
+    return (t_ppf(1 - alpha / (2 * max(m, 1)), df) + t_ppf(target_power, df)) * se
+
+
+# ----------------------------------------------------------------------------- the sweep
+
+
+def _values(configs: dict, per_run: dict, g: str, key: str) -> dict:
+    out = {}
+    for name in configs[g]["runs"]:
+        x = per_run[name]
+        seed = x.get("seed") if x.get("seed") is not None else name
+        n, q = x.get("N_star"), x.get("q")
+        if key == "N":
+            v = n
+        elif key == "q":
+            v = q
+        else:
+            v = n / q if n is not None and q else None
+        out[seed] = math.log(v) if v is not None and v > 0 and math.isfinite(v) else math.nan
+    return out
+
+
+def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[str, str],
+                level: float, margin: tuple[float, float] = EQUIV_MARGIN,
+                offsets: Mapping[str, tuple[float, float, float]] | None = None) -> dict:
+    """Family-wise verdicts, intervals and fastest sets for a sweep.
+
+    configs: the analysis' per-config dicts ("algo", "runs", "reached", "is_reference");
+    per_run: {run: {"N_star", "q", "seed"}}; creps: {config: {"T": bootstrap replicates of T,
+    "r_N", ...}} (used when a design has no df); references: {algo: reference config}.
+    offsets: {config: (log r_q, se, df)} from an interleaved timing pass; T/T0 then uses it
+    (log T/T0 = log r_N - log r_q, Welch-Satterthwaite df) instead of the in-run q.
+
+    Returns {"configs": {config: fields to merge}, "best_sets": {algo: [config, ...]},
+    "families": {algo: {"sigma_log_N", "sigma_log_T", "df", "paired", "seeds"}},
+    "n_tests", "alpha", "method"}.
+    """
+    alpha = 1 - level
+    offsets = offsets or {}
+    fields: dict[str, dict] = {}
+    fam: dict[str, dict] = {}
+    tests = []   # (config, p)
+    tt_ref: dict[str, str] = {}
+    for algo, ref in references.items():
+        if ref not in configs:
+            continue
+        pool = [g for g, st in configs.items() if (st["algo"] or "?") == algo and st["reached"]]
+        if not configs[ref]["reached"] or ref not in pool:
+            continue
+        vals = {key: {g: _values(configs, per_run, g, key) for g in pool}
+                for key in ("N", "q", "T")}
+        var = {key: pooled_variance(v) for key, v in vals.items()}
+        fam[algo] = {"reference": ref, "paired": var["T"]["paired"], "df": var["T"]["df"],
+                     "seeds": var["T"]["seeds"], "sigma_log_N": var["N"]["sigma"],
+                     "sigma_log_q": var["q"]["sigma"], "sigma_log_T": var["T"]["sigma"],
+                     "configs": len(pool)}
+        for g in pool:
+            if g == ref or configs[g].get("is_reference"):
+                continue
+            row = {}
+            for key, name in (("N", "r_N"), ("q", "r_q"), ("T", "T_over_T0")):
+                v = var[key]
+                if v["df"] > 0:
+                    est, se = contrast(vals[key], g, ref, v)
+                    row[name] = {**t_test(est, se, v["df"], level), "method":
+                                 "paired t" if v["paired"] else "pooled t"}
+                else:
+                    row[name] = {"method": "bootstrap", "p": math.nan}
+            if g in offsets and var["N"]["df"] > 0:   # interleaved r_q replaces in-run q
+                est_n, se_n = contrast(vals["N"], g, ref, var["N"])
+                lq, se_q, df_q = offsets[g]
+                se = math.sqrt(se_n ** 2 + se_q ** 2)
+                den = se_n ** 4 / var["N"]["df"] + (se_q ** 4 / df_q if df_q > 0 else 0)
+                df = se ** 4 / den if den > 0 else var["N"]["df"]
+                row["T_over_T0"] = {**t_test(est_n - lq, se, df, level),
+                                    "method": "paired t + interleaved r_q"}
+            if row["T_over_T0"]["method"] == "bootstrap":
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    row["T_over_T0"]["p"] = bootstrap_p(creps[g]["T"] / creps[ref]["T"])
+                row["T_over_T0"]["ratio_reps"] = True
+            fields[g] = row
+            tt_ref[g] = ref
+            tests.append((g, row["T_over_T0"]["p"]))
+    m = len(tests)
+    adj = holm([p for _, p in tests])
+    out_cfg = {}
+    for (g, p), pa in zip(tests, adj):
+        row = fields[g]
+        tt = row["T_over_T0"]
+        # simultaneous intervals over the whole family
+        for name in ("r_N", "r_q", "T_over_T0"):
+            x = row[name]
+            if x.get("ci", [None])[0] is not None:
+                x.update({k: v for k, v in t_test(x["log_ratio"], x["se"], x["df"], level,
+                                                  m).items() if k == "sci"})
+        est = tt.get("log_ratio")
+        if np.isfinite(pa) and pa < alpha:
+            if est is None:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    est = math.log(np.nanmedian(creps[g]["T"] / creps[tt_ref[g]]["T"]))
+            verdict = "faster" if est < 0 else "slower"
+        else:
+            verdict = "indistinguishable"
+        entry = {"verdict": verdict, "p_value": tt.get("p"), "p_holm": float(pa),
+                 "test": tt.get("method"),
+                 "alike_T": inside(tt.get("sci", [None, None]), margin),
+                 "alike_r_N": inside(row["r_N"].get("sci", [None, None]), margin)}
+        for name in ("r_N", "r_q", "T_over_T0"):
+            x = row[name]
+            if x.get("ci", [None])[0] is not None:
+                entry[name + "_ci_t"] = x["ci"]
+                entry[name + "_sci"] = x["sci"]
+                entry[name + "_geo"] = math.exp(x["log_ratio"])
+        out_cfg[g] = entry
+    # Fastest sets: Hsu's MCB per algorithm on log T.
+    best = {}
+    for algo in sorted({st["algo"] or "?" for st in configs.values()}):
+        ok = [g for g, st in configs.items() if (st["algo"] or "?") == algo and st["reached"]
+              and st.get("T") is not None and math.isfinite(st["T"])]
+        best[algo] = best_set(ok, configs, per_run, creps, alpha)
+    return {"configs": out_cfg, "best_sets": best, "families": fam, "n_tests": m,
+            "alpha": alpha, "margin": list(margin),
+            "method": "Holm over two-sided t tests on log ratios (seed-paired when the "
+                      "design pairs them, variance pooled over configs); alike: simultaneous "
+                      "interval inside the margin; fastest set: Hsu's MCB"}
+
+
+def best_set(ok: list[str], configs: dict, per_run: dict, creps: dict, alpha: float
+             ) -> list[str]:
+    """Configs not distinguishable from the fastest (Hsu's MCB, Bonferroni constant): g stays
+    unless log T_g - min_{h != g} log T_h > t_{1 - alpha/(C-1)} SE_gh."""
+    if len(ok) <= 1:
+        return list(ok)
+    vals = {g: _values(configs, per_run, g, "T") for g in ok}
+    var = pooled_variance(vals)
+    key = lambda g: (configs[g]["T"], g)
+    if var["df"] <= 0:   # no seeds to pool: the bootstrap replicates, as before
+        fastest = min(ok, key=key)
+        keep = []
+        for g in ok:
+            r = creps[g]["T"] / creps[fastest]["T"]
+            r = r[~np.isnan(r)]
+            lo = np.quantile(r, alpha / 2) if r.size else math.nan
+            if g == fastest or not lo > 1:
+                keep.append(g)
+        return sorted(keep, key=key)
+    c = t_ppf(1 - alpha / (len(ok) - 1), var["df"])
+    keep = []
+    for g in ok:
+        worst = max(contrast(vals, g, h, var)[0] - c * contrast(vals, g, h, var)[1]
+                    for h in ok if h != g)
+        if not worst > 0:
+            keep.append(g)
+    return sorted(keep, key=key)
+
+
+def design_power(fam: dict, m: int, level: float, k: int | None = None,
+                 effects: Sequence[float] = (1.3, 1.5)) -> dict:
+    """Power of this design (per algorithm family from `sweep_tests`): the smallest r_N and
+    T/T0 detected with 80% power under Holm over m tests, and the power at `effects`."""
+    alpha = 1 - level
+    k = k or (len(fam["seeds"]) if fam.get("seeds") else None)
+    if not k or not fam["df"]:
+        return {"min_detectable_r_N": None, "min_detectable_T_over_T0": None,
+                "reason": "no seed-to-seed spread to pool (one seed per config)"}
+    f = math.sqrt(2.0 / k)
+    out = {"seeds": k, "df": fam["df"], "tests": m, "alpha": alpha, "power": POWER,
+           "sigma_log_N": fam["sigma_log_N"], "sigma_log_T": fam["sigma_log_T"]}
+    for name, sig in (("r_N", fam["sigma_log_N"]), ("T_over_T0", fam["sigma_log_T"])):
+        d = min_detectable_log_ratio(sig * f, fam["df"], alpha, m)
+        out["min_detectable_" + name] = math.exp(d) if math.isfinite(d) else None
+        out["power_" + name] = {f"{e:g}": power(math.log(e), sig * f, fam["df"], alpha, m)
+                                for e in effects}
+    out["min_detectable_T_over_T0_below"] = (1 / out["min_detectable_T_over_T0"]
+                                             if out["min_detectable_T_over_T0"] else None)
+    return out
+
+
+def merge_into(st: dict, f: dict) -> None:
+    """Merge `sweep_tests` fields into a config's summary dict: the t intervals become the
+    *_ci (the bootstrap ones stay as *_ci_boot), the Holm verdict replaces the per-config one."""
+    for name in ("r_N", "r_q", "T_over_T0"):
+        if f.get(name + "_ci_t") is not None:
+            st[name + "_ci_boot"] = st.get(name + "_ci")
+            st[name + "_ci"] = f[name + "_ci_t"]
+    st["verdict_per_config"] = st.get("verdict")
+    if "interleaved" in (f.get("test") or "") and f.get("T_over_T0_geo") is not None:
+        st["T_over_T0_in_run"] = st.get("T_over_T0")     # r_q from the timing pass instead
+        st["T_over_T0"] = f["T_over_T0_geo"]
+    st.update({k: v for k, v in f.items() if not k.endswith("_ci_t")})
+
+
+def power_fields(fw: dict, level: float, primary: str) -> dict:
+    """summary.json keys: "min_detectable_r_N" (primary algorithm), "min_detectable_T_over_T0"
+    and "power" {algo: `design_power`}."""
+    per = {a: design_power(f, fw["n_tests"], level) for a, f in fw["families"].items()}
+    p = per.get(primary) or {}
+    return {"min_detectable_r_N": p.get("min_detectable_r_N"),
+            "min_detectable_T_over_T0": p.get("min_detectable_T_over_T0"),
+            "power": per}

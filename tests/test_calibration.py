@@ -1,0 +1,107 @@
+"""Issue 27 item 8: the analysis' decisions on simulated sweeps with a known truth.
+
+CI version: vectorised simulation of the per-run estimates (isotonic crossing of the auto
+target, q = N* / t(N*)) pushed through `familywise.sweep_tests`, the function
+`analysis.analyze_runs` takes its verdicts from; a few full `analyze_runs` sweeps check the
+two paths agree. Slow version (-m slow): `calibration.calibrate`, every sweep through
+`analyze_runs` (rates recorded in results/calibration/README.md).
+"""
+import math
+
+import numpy as np
+import pytest
+
+from jaxrl_scale.scaling import calibration as cal
+from jaxrl_scale.scaling import familywise as fw
+
+N = 300
+BIG = "grpo_P128_G8_sqrt"
+
+
+def _mc(r, z=2.0):
+    return z * r["mc_se"]
+
+
+@pytest.mark.parametrize("design", [cal.DEFAULT, cal.POWERED], ids=["default", "powered"])
+def test_null_sweeps_name_a_winner_at_most_10_percent(design):
+    r = cal.fast_rates(design, N, seed=11)
+    assert r["any_wrong"]["rate"] <= 0.10 + _mc(r["any_wrong"]), r["any_wrong"]
+    assert r["coverage_T"]["rate"] >= 0.88 - _mc(r["coverage_T"]), r["coverage_T"]
+    assert r["coverage_r_N"]["rate"] >= 0.88 - _mc(r["coverage_r_N"])
+
+
+def test_power_at_r_N_1_5_on_the_powered_design():
+    """8 seeds, evals every 1,024 responses: a true r_N = 1.5 is called slower >= 80%; the
+    other (null) configs stay within the family-wise error; its interval covers 1.5."""
+    r = cal.fast_rates(cal.POWERED, N, seed=12, r_N={BIG: 1.5})
+    assert r["slower"][BIG]["rate"] >= 0.80 - _mc(r["slower"][BIG]), r["slower"][BIG]
+    assert r["any_wrong"]["rate"] <= 0.10 + _mc(r["any_wrong"])
+    assert r["coverage_T_by_config"][BIG]["rate"] >= 0.88 - _mc(r["coverage_T_by_config"][BIG])
+
+
+def test_default_design_power_is_recorded_honestly():
+    """3 seeds, evals every 5,120: the power at r_N = 1.5 is well below 80% (about 0.4; the
+    linear interpolation between two evals also biases r_N toward 1)."""
+    r = cal.fast_rates(cal.DEFAULT, N, seed=13, r_N={BIG: 1.5})
+    assert 0.2 < r["slower"][BIG]["rate"] < 0.7, r["slower"][BIG]
+
+
+def test_full_analysis_agrees_with_the_fast_path():
+    """A few sweeps through analyze_runs itself: no false call on a null sweep of a clear
+    design, and a large effect (r_N = 2) is called slower."""
+    rng = np.random.default_rng(0)
+    d = cal.POWERED
+    wrong = 0
+    for _ in range(2):
+        r = cal.one_sweep(d, rng, n_boot=20)
+        wrong += any(c["verdict"] in ("faster", "slower") for c in r["configs"].values())
+    assert wrong <= 1
+    r = cal.one_sweep(d, rng, r_N={BIG: 2.0}, n_boot=20)
+    assert r["configs"][BIG]["verdict"] == "slower"
+    assert r["min_detectable_r_N"] and 1.0 < r["min_detectable_r_N"] < 2.0
+
+
+def test_power_line_warns_when_n_star_sits_before_the_second_eval():
+    from jaxrl_scale.scaling.analysis import analyze_runs
+    from jaxrl_scale.report.design import power_lines
+    rng = np.random.default_rng(3)
+    s = analyze_runs(cal.simulate_runs(cal.DEFAULT, rng), "auto", n_boot=20)
+    line = power_lines(s)[0]
+    assert line.startswith("Power [grpo]: with 3 seeds") and "Caution: the median run" in line
+    s = analyze_runs(cal.simulate_runs(cal.POWERED, rng), "auto", n_boot=20)
+    assert "Caution" not in power_lines(s)[0]
+
+
+def test_t_distribution_and_holm():
+    assert fw.t_ppf(0.975, 1) == pytest.approx(12.7062, rel=1e-4)
+    assert fw.t_ppf(0.95, 14) == pytest.approx(1.76131, rel=1e-4)
+    assert float(fw.t_sf(2.0, 5)) == pytest.approx(0.05097, rel=1e-3)
+    assert list(fw.holm([0.01, 0.04, 0.03, 0.5])) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+
+
+def test_paired_contrast_and_equivalence_on_known_data():
+    """Seed effects shared by every config cancel in the paired design."""
+    seeds = [0, 1, 2, 3]
+    u = {0: 0.3, 1: -0.2, 2: 0.1, 3: -0.4}
+    e = {0: 0.01, 1: -0.01, 2: 0.0, 3: 0.005}
+    vals = {"ref": {k: u[k] for k in seeds},
+            "a": {k: u[k] + math.log(1.5) + e[k] for k in seeds},
+            "b": {k: u[k] - e[k] for k in seeds}}
+    var = fw.pooled_variance(vals)
+    assert var["paired"] and var["df"] == 6 and var["sigma"] < 0.02
+    est, se = fw.contrast(vals, "a", "ref", var)
+    assert est == pytest.approx(math.log(1.5), abs=0.01)
+    t = fw.t_test(est, se, var["df"], 0.9, m=2)
+    assert t["p"] < 1e-4 and t["sci"][0] > 1.3
+    est, se = fw.contrast(vals, "b", "ref", var)
+    assert fw.inside(fw.t_test(est, se, var["df"], 0.9, m=2)["sci"])   # alike
+    # Unpaired (seed sets differ): one-way pooled variance, seed spread no longer cancels.
+    vals["b"] = {10 + k: v for k, v in vals["b"].items()}
+    assert not fw.pooled_variance(vals)["paired"]
+
+
+@pytest.mark.slow
+def test_calibration_through_analyze_runs_slow():
+    r = cal.calibrate(cal.DEFAULT, 150, seed=0, effects=(1.5,), n_boot=50)
+    assert r["null_fwer"]["rate"] <= 0.10 + _mc(r["null_fwer"])
+    assert r["coverage_T"]["rate"] >= 0.88 - _mc(r["coverage_T"])

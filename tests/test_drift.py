@@ -1,0 +1,52 @@
+"""Issue 27 item 5: r_q from an interleaved timing pass; steps resampled in blocks."""
+import json
+
+import numpy as np
+
+from jaxrl_scale import scaling
+from jaxrl_scale.scaling import drift, stats
+from jaxrl_scale.scaling.synthetic import write_synthetic_run
+
+
+def test_block_bootstrap_keeps_slow_spells_together():
+    rng = np.random.default_rng(0)
+    d = np.r_[np.ones(100), 2 * np.ones(100)]          # one slow spell: half the run
+    iid = stats.block_time_factors(d, 2000, rng, block=1)
+    blk = stats.block_time_factors(d, 2000, rng)
+    assert 1.5 * np.std(iid) < np.std(blk)
+    assert abs(np.mean(blk) - 1) < 0.02
+    assert np.all(stats.block_time_factors(np.ones(5), 10, rng) == 1)
+
+
+def _sweep(root, timing):
+    for name, b, q in (("grpo_B64_sqrt", 64, 20.0), ("grpo_B128_sqrt", 128, 10.0)):
+        for k in range(3):   # same samples; B128's seeds ran in a busy spell: half the q
+            write_synthetic_run(str(root), f"{name}_s{k}", b, 4000 * (1 + 0.05 * k), q,
+                                seed=k, steps=100, extra_config={"base_batch": 64},
+                                step_jitter=0.02, noise_seed=k)
+    if timing:   # the interleaved pass: the same per-response cost at both batches
+        rng = np.random.default_rng(1)
+        ent = [{"batch": b, "gen_batch_ratio": 1,
+                "step_s": list(b / 20.0 * np.exp(0.03 * rng.standard_normal(6)))}
+               for b in (64, 128)]
+        with open(root / drift.TIMING_FILE, "w") as f:
+            json.dump(ent, f)
+
+
+def test_interleaved_timing_pass_overrides_drifted_in_run_q(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    _sweep(a, False)
+    _sweep(b, True)
+    s = scaling.analyze_sweep(str(a), target=0.2)
+    assert s["drift"]["controlled"] is False and "not controlled" in s["drift"]["note"]
+    assert s["configs"]["grpo_B128_sqrt"]["verdict"] == "slower"      # drift wrote it
+    s = scaling.analyze_sweep(str(b), target=0.2)
+    d = s["drift"]
+    assert d["controlled"] and d["r_q_source"] == "interleaved timing pass"
+    row = d["configs"]["grpo_B128_sqrt"]
+    assert abs(row["r_q_interleaved"] - 1) < 0.1 and abs(row["in_run_over_interleaved"] - 0.5) < 0.05
+    assert d["max_disagreement"] > 1.8
+    c = s["configs"]["grpo_B128_sqrt"]
+    assert c["verdict"] == "indistinguishable" and c["test"] == "paired t + interleaved r_q"
+    assert abs(c["T_over_T0"] - 1) < 0.15 and abs(c["T_over_T0_in_run"] - 2) < 0.2
+    assert c["T_over_T0_ci"][0] <= c["T_over_T0"] <= c["T_over_T0_ci"][1]
