@@ -1,4 +1,5 @@
-"""RL core: advantages and losses (`rl.losses`), the rollout batch (`rl.batch`), train state
+"""RL core: advantages and losses (`rl.losses`), the rollout as a value and the loop's counters
+(`rl.rollout`), the rollout batch (`rl.batch`), the steps' static options (`rl.config`), train state
 (`rl.state`), the critic's value head (`rl.value`) and the sharded, micro-batched GRPO / PPO
 update steps (`rl.steps`)."""
 from jaxrl_scale.rl.batch import RolloutBatch, pack_sequences, rollout_batch  # noqa: F401
@@ -10,8 +11,9 @@ from jaxrl_scale.rl.state import (  # noqa: F401
     shard_train_state,
     state_shardings,
 )
+from jaxrl_scale.rl.config import LossConfig, StepOptions  # noqa: F401
+from jaxrl_scale.rl.rollout import LoopState, Rollout  # noqa: F401
 from jaxrl_scale.rl.steps import (  # noqa: F401
-    LossConfig,
     final_token_rewards,
     grpo_step,
     make_train_step,
@@ -33,7 +35,7 @@ __all__ = [
     "TrainState", "create_train_state", "init_train_state", "shard_train_state",
     "state_shardings",
     "RolloutBatch", "pack_sequences", "rollout_batch",
-    "LossConfig", "token_weights", "grpo_step", "score_tokens", "final_token_rewards",
+    "LossConfig", "StepOptions", "Rollout", "LoopState", "token_weights", "grpo_step", "score_tokens", "final_token_rewards",
     "ppo_advantages", "ppo_step", "make_train_step",
     "critic_values", "init_critic_from_actor", "init_value_head",
 ]
