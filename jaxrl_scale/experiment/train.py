@@ -34,7 +34,6 @@ from jaxrl_scale import distributed as dist
 from jaxrl_scale import optim
 from jaxrl_scale import sharding as shd
 from jaxrl_scale.checkpoint import Checkpointer, load_pytree
-from jaxrl_scale.experiment.batching import decode_responses
 from jaxrl_scale.experiment.common import load_splits, prompt_length, write_json
 from jaxrl_scale.experiment.config import (TrainConfig, check_resume, validate,
                                            validate_for_devices, write_config)
@@ -45,7 +44,7 @@ from jaxrl_scale.models.tokenizer import load_tokenizer
 from jaxrl_scale.rl.batch import RolloutBatch, check_shared_prompts, rollout_batch
 from jaxrl_scale.rl.config import StepOptions
 from jaxrl_scale.rl.partial import PartialRollout
-from jaxrl_scale.rl.rollout import LoopState, Rollout, generate_rollout
+from jaxrl_scale.rl.rollout import LoopState, Rollout, generate_rollout, score_rollout
 from jaxrl_scale.rl.state import init_train_state, state_shardings
 from jaxrl_scale.rl.steps import grpo_step, make_train_step, ppo_step, score_tokens
 from jaxrl_scale.rl.value import init_critic_from_actor
@@ -249,16 +248,8 @@ class Run:
                                 mesh=self.mesh)
 
     def rewards(self, r: Rollout) -> tuple[np.ndarray, int]:
-        """(rewards of all B rows, reward calls that failed on every process); each process
-        scores its `dist.host_rows` share."""
-        B = len(r.lengths_B)
-        rows = dist.host_rows(B)
-        texts = decode_responses(self.tok, r.tokens_BM[rows], r.lengths_B[rows])
-        failed = self.reward_fn.failures
-        rewards = self.reward_fn.score_batch(texts, r.row_examples()[rows])
-        failed = dist.allgather_rows(np.array([self.reward_fn.failures - failed]),
-                                     jax.process_count())
-        return dist.allgather_rows(np.asarray(rewards, np.float32), B), int(failed.sum())
+        """(rewards of all B rows, reward calls that failed on every process)."""
+        return score_rollout(r, self.tok, self.reward_fn)
 
     def rollout(self, params, step: int, seed) -> Rollout:
         """The rollout of update `step`: `generate` over the step's prompts, or the slot

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from jaxrl_scale import distributed as dist
+from jaxrl_scale.models.tokenizer import decode_response
 from jaxrl_scale.sampling import generate
 
 
@@ -98,6 +99,21 @@ def generate_rollout(model_cfg, params, examples: Sequence[dict], group: int, en
                    decode_s=time.perf_counter() - t0)
 
 
+def score_rollout(r: Rollout, tokenizer, reward_fn) -> tuple[np.ndarray, int]:
+    """(rewards of all B rows float32, reward calls that failed on every process): each
+    process scores its `dist.host_rows` share of the responses with `reward_fn`
+    (data/rewards.RewardFn, which counts its own failures); the failures are returned, so
+    the caller's counters change only where it adds them."""
+    B = len(r.lengths_B)
+    rows = dist.host_rows(B)
+    texts = [decode_response(tokenizer, row[:int(n)]) for row, n in
+             zip(np.asarray(r.tokens_BM[rows]), np.asarray(r.lengths_B[rows]))]
+    before = reward_fn.failures
+    rewards = reward_fn.score_batch(texts, r.row_examples()[rows])
+    failed = dist.allgather_rows(np.array([reward_fn.failures - before]), jax.process_count())
+    return dist.allgather_rows(np.asarray(rewards, np.float32), B), int(failed.sum())
+
+
 @dataclasses.dataclass(frozen=True)
 class LoopState:
     """The run's changing state: the train state(s) (policy, and PPO's critic) and the loop's
@@ -124,4 +140,4 @@ class LoopState:
         return dataclasses.replace(self, **kw)
 
 
-__all__ = ["LoopState", "Rollout", "generate_rollout", "staleness_metrics"]
+__all__ = ["LoopState", "Rollout", "generate_rollout", "score_rollout", "staleness_metrics"]
