@@ -131,17 +131,17 @@ def test_partial_rollout_bounds_staleness_and_keeps_the_length_distribution(mode
     batches, admitted = _long_tail_rollout(model, 2, 1, U, P, G, recompute=recompute)
     trained = []
     for v, b in enumerate(batches):
-        assert b["tokens_BM"].shape[0] == P * G and len(b["examples"]) == P
-        st = staleness_metrics(b["versions_BM"], b["lengths_B"], v)
+        assert b.tokens_BM.shape[0] == P * G and len(b.examples) == P
+        st = staleness_metrics(b.versions_BM, b.lengths_B, v)
         assert st["staleness_max"] <= 1
-        lengths_PG = b["lengths_B"].reshape(P, G)
-        caps = [ex["cap"] for ex in b["examples"]]
+        lengths_PG = b.lengths_B.reshape(P, G)
+        caps = [ex["cap"] for ex in b.examples]
         np.testing.assert_array_equal(lengths_PG, np.repeat(np.array(caps)[:, None], G, 1))
         trained += caps
     # Oldest first: the trained groups are exactly the first U*P admitted, long ones included.
     assert trained == admitted[:U * P]
     assert max(trained) == N
-    some_stale = [staleness_metrics(b["versions_BM"], b["lengths_B"], v)["off_policy_token_frac"]
+    some_stale = [staleness_metrics(b.versions_BM, b.lengths_B, v)["off_policy_token_frac"]
                   for v, b in enumerate(batches)]
     assert max(some_stale) > 0     # rows ran ahead of the policy and were kept
 
@@ -150,10 +150,10 @@ def test_partial_rollout_needs_fewer_decode_steps_than_synchronous(model):
     sync, _ = _long_tail_rollout(model, 1, 0, 8)
     part, _ = _long_tail_rollout(model, 2, 1, 8)
     # live rows per decode step = occupancy x slots (partial rollout has twice the slots)
-    rows = lambda bs, slots: slots * np.mean([b["slot_occupancy"] for b in bs
-                                              if b["decode_steps"]])
-    steps = lambda bs: sum(b["decode_steps"] for b in bs)
-    assert all(staleness_metrics(b["versions_BM"], b["lengths_B"], v)["staleness_max"] == 0
+    rows = lambda bs, slots: slots * np.mean([b.slot_occupancy for b in bs
+                                              if b.decode_steps])
+    steps = lambda bs: sum(b.decode_steps for b in bs)
+    assert all(staleness_metrics(b.versions_BM, b.lengths_B, v)["staleness_max"] == 0
                for v, b in enumerate(sync))
     assert rows(part, 16) > 1.4 * rows(sync, 8), (rows(part, 16), rows(sync, 8))
     assert steps(part) < 0.8 * steps(sync), (steps(part), steps(sync))

@@ -247,7 +247,8 @@ def test_shared_prompt_update_equals_full_rows(moe_params):
 def test_router_aux_needs_moe_and_configs_validate():
     with pytest.raises(ValueError, match="mixture-of-experts"):
         steps.grpo_step(new_state(np_params(get_config("tiny"))), make_grpo_batch(0),
-                        cfg=get_config("tiny"), tx=TX, group_size=GT, loss_cfg=LOSS_CFG)
+                        steps.StepOptions(cfg=get_config("tiny"), tx=TX, group_size=GT,
+                                          loss_cfg=LOSS_CFG))
     with pytest.raises(ValueError, match="router_aux_coef"):
         steps.LossConfig(router_aux_coef=-1.0)
     with pytest.raises(ValueError, match="num_experts_per_tok"):

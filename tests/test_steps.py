@@ -182,8 +182,9 @@ def _state_fn(tx):
 def trace_grpo(params, batch, **kw):
     """Trace grpo_step without compiling it (its errors are raised while tracing)."""
     kw.setdefault("group_size", GT)
-    return jax.eval_shape(lambda p, b: steps.grpo_step(create_train_state(p, TX, 0), b, cfg=CFG,
-                                                       tx=TX, loss_cfg=LOSS_CFG, **kw),
+    return jax.eval_shape(lambda p, b: steps.grpo_step(create_train_state(p, TX, 0), b,
+                                                       steps.StepOptions(cfg=CFG, tx=TX,
+                                                                         loss_cfg=LOSS_CFG, **kw)),
                           params, batch)
 
 

@@ -17,7 +17,7 @@ from jaxrl_scale.models import get_config, init_params
 from jaxrl_scale.optim import AdamHParams, make_optimizer
 from jaxrl_scale.rl.batch import rollout_batch
 from jaxrl_scale.rl.state import create_train_state
-from jaxrl_scale.rl.steps import LossConfig, grpo_step
+from jaxrl_scale.rl.steps import LossConfig, StepOptions, grpo_step
 from jaxrl_scale.sampling import generate
 
 TIME_KEYS = {"time_s", "gen_s", "decode_s", "train_s", "update_s", "eval_s", "compile_s"}
@@ -52,8 +52,8 @@ def test_grpo_learns_a_trivial_reward():
     params = init_params(cfg, 0)
     tx = make_optimizer(AdamHParams(lr=3e-3), max_grad_norm=1.0)
     state = create_train_state(params, tx, 0)
-    step = jax.jit(lambda s, b: grpo_step(s, b, cfg=cfg, tx=tx, loss_cfg=LossConfig(),
-                                          group_size=8))
+    options = StepOptions(cfg=cfg, tx=tx, loss_cfg=LossConfig(), group_size=8)
+    step = jax.jit(lambda s, b: grpo_step(s, b, options))
     prompts = [[3, 4, 5]] * 8 + [[6, 5]] * 8
     means = []
     for it in range(25):
@@ -124,7 +124,7 @@ def test_sigkill_and_resume_matches_uninterrupted(tmp_path, data_dir):
     assert _strip_times(recs) == _strip_times(ref_recs)
     # Params: restore both final checkpoints and compare exactly.
     from jaxrl_scale.checkpoint import Checkpointer
-    like = Run(ref).states
+    like = Run(ref).init_states
     a, _ = Checkpointer(os.path.join(ref.run_dir, "checkpoints")).restore(None, like)
     b, _ = Checkpointer(os.path.join(run_dir, "checkpoints")).restore(None, like)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
@@ -218,9 +218,9 @@ def test_step0_eval_shared_by_runs_that_start_alike(tmp_path, data_dir, monkeypa
     calls = []
     real = train_mod.Run.evaluate
 
-    def counting(self, step):
-        calls.append((self.cfg.run_dir, step))
-        return real(self, step)
+    def counting(self, loop):
+        calls.append((self.cfg.run_dir, loop.step))
+        return real(self, loop)
 
     monkeypatch.setattr(train_mod.Run, "evaluate", counting)
     cache = str(tmp_path / "_eval0")
@@ -242,18 +242,21 @@ def test_sampling_in_chunks_keeps_every_row(tmp_path, data_dir):
     run = Run(tiny_cfg(tmp_path, data_dir, generate_chunk=8))
     rows = run.eval_rows[:5]                          # 5 prompts x 4 samples = 20 rows: 8+8+4
     key = jax.random.PRNGKey(3)
-    prompts, tokens, logps, lengths, rewards = run.sample(rows, 4, key, 1.0)
+    r = run.sample(run.init_states[0].params, rows, 4, key, 1.0)
+    prompts, tokens, logps, lengths = r.prompts, r.tokens_BM, r.logprobs_BM, r.lengths_B
+    rewards, _ = run.rewards(r)
     assert tokens.shape[0] == logps.shape[0] == lengths.shape[0] == rewards.shape[0] == 20
     for c, i in enumerate(range(0, 20, 8)):
-        ref = generate(run.model_cfg, run.params, prompts[i:i + 8],
+        ref = generate(run.model_cfg, run.init_states[0].params, prompts[i:i + 8],
                        max_new_tokens=run.cfg.max_new_tokens, temperature=1.0,
                        eos_id=run.tok.eos_id, pad_id=run.tok.pad_id, mesh=run.mesh,
                        seed=jax.random.fold_in(key, c))
         np.testing.assert_array_equal(tokens[i:i + 8], np.asarray(ref.tokens))
         np.testing.assert_array_equal(lengths[i:i + 8], np.asarray(ref.lengths))
     one = Run(tiny_cfg(tmp_path / "one", data_dir, generate_chunk=64))
-    _, tokens1, *_ = one.sample(rows, 4, key, 1.0)
-    ref = generate(one.model_cfg, one.params, prompts, max_new_tokens=one.cfg.max_new_tokens,
+    tokens1 = one.sample(one.init_states[0].params, rows, 4, key, 1.0).tokens_BM
+    ref = generate(one.model_cfg, one.init_states[0].params, prompts,
+                   max_new_tokens=one.cfg.max_new_tokens,
                    temperature=1.0, eos_id=one.tok.eos_id, pad_id=one.tok.pad_id,
                    mesh=one.mesh, seed=key)
     np.testing.assert_array_equal(tokens1, np.asarray(ref.tokens))

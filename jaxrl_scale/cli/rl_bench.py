@@ -106,11 +106,12 @@ def _jax_round(model_dir: str, P: int, share_prompt: bool = True) -> list[dict]:
                            max_grad_norm=0.0, kl_coef=0.0, seed=FLAGS.seed, eval_prompts=1,
                            share_prompt=share_prompt)
     run = Run(cfg)
-    run.compile()
+    update, _ = run.compile()
+    loop = run.initial_state()
     out = []
     for step in range(1, FLAGS.steps + 1):
         t0 = time.perf_counter()
-        rec = run.train_step(step)
+        loop, rec = run.train_step(loop, update)
         step_s = time.perf_counter() - t0
         out.append(dict(step_s=step_s, rollout_s=rec["decode_s"], update_s=rec["update_s"],
                         host_s=step_s - rec["decode_s"] - rec["update_s"],

@@ -74,11 +74,12 @@ def _rl_cpu_round(mode: str) -> dict:
                            recompute_kv=mode == "partial_rkv",
                            seed=FLAGS.seed, eval_prompts=1, run_dir="/tmp/rollout_bench")
     run = Run(cfg)
-    run.compile()
+    update, _ = run.compile()
+    loop = run.initial_state()
     recs, times = [], []
     for step in range(1, FLAGS.steps + 1):
         t0 = time.perf_counter()
-        rec = run.train_step(step)
+        loop, rec = run.train_step(loop, update)
         times.append(time.perf_counter() - t0)
         recs.append(rec)
     kept, kt = recs[FLAGS.discard:], times[FLAGS.discard:]
@@ -129,7 +130,9 @@ def _small_round(mode: str, round_index: int) -> dict:
         t0 = time.perf_counter()
         b = pr.next_batch(params, version=v, seed=jax.random.PRNGKey(v))
         t += time.perf_counter() - t0
-        out.append({**b, **staleness_metrics(b["versions_BM"], b["lengths_B"], v)})
+        out.append({"lengths_B": b.lengths_B, "slot_occupancy": b.slot_occupancy,
+                    "decode_steps": b.decode_steps,
+                    **staleness_metrics(b.versions_BM, b.lengths_B, v)})
     n = sum(len(b["lengths_B"]) for b in out)
     occ = [b["slot_occupancy"] for b in out if b["decode_steps"]]
     return {"responses_per_s": n / t, "rollout_s": t / len(out),

@@ -10,7 +10,7 @@ import typing
 from typing import Any
 
 from jaxrl_scale.optim import ADAM_RULES
-from jaxrl_scale.rl.steps import LossConfig
+from jaxrl_scale.rl.config import LOSS_CHOICES, LossConfig
 from jaxrl_scale.sampling.rules import SamplingConfig
 
 ALGOS = ("grpo", "ppo")
@@ -40,7 +40,7 @@ class OptimConfig:
 class TrainConfig:
     """Every knob of one training run: top-level fields plus three nested configs.
 
-    `loss` is rl.steps.LossConfig (its temperature is always the sampler's), `sampling` is
+    `loss` is rl.config.LossConfig (its temperature is always the sampler's), `sampling` is
     sampling.SamplingConfig, `optim` the OptimConfig above. Field names are unique across
     the nesting, so every field also has a flat name: flags are --clip_high, --base_lr,
     --temperature (not --loss.clip_high), and `make(**flat)` / `replace(**flat)` route flat
@@ -252,10 +252,8 @@ INT_FIELDS = {f.name for c in (TrainConfig, OptimConfig, LossConfig, SamplingCon
 
 @functools.cache
 def _enums() -> dict[str, tuple]:
-    from jaxrl_scale import losses
     return {"algo": ALGOS, "rollout": ROLLOUTS, "lr_rule": ADAM_RULES, "wandb_mode": WANDB_MODES,
-            "advantage": losses.ADVANTAGE_ESTIMATORS, "agg": losses.AGG_MODES,
-            "kl_kind": losses.KL_KINDS}
+            **LOSS_CHOICES}   # the loss's choices: one table, rl/config.py
 
 
 def check_fields(flat: dict[str, Any]) -> None:

@@ -57,13 +57,15 @@ def _entry(cfg: TrainConfig, compile_s: float) -> dict:
             **{k: [] for k in STEP_FIELDS}, "step_s": []}
 
 
-def _step(run: Run, step: int, entry: dict | None) -> None:
+def _step(run: Run, update, loop, entry: dict | None):
+    """One timed `Run.train_step`; returns the loop state after it."""
     t0 = time.perf_counter()
-    rec = run.train_step(step)
+    loop, rec = run.train_step(loop, update)
     if entry is not None:
         entry["step_s"].append(time.perf_counter() - t0)
         for k in STEP_FIELDS:
             entry[k].append(float(rec.get(k, float("nan"))))
+    return loop
 
 
 def time_batches(base: TrainConfig, batches: Sequence[int], warmup: int = 2, steps: int = 3,
@@ -94,24 +96,27 @@ def time_batches(base: TrainConfig, batches: Sequence[int], warmup: int = 2, ste
             entries, runs = [], []
             for cfg in cfgs:
                 run = Run(cfg)
-                entries.append(_entry(cfg, run.compile()))
-                runs.append(run)
+                update, compile_s = run.compile()
+                entries.append(_entry(cfg, compile_s))
+                runs.append([run, update, run.initial_state()])
             for r in range(warmup + steps):
                 order = range(len(runs)) if r % 2 == 0 else reversed(range(len(runs)))
                 for i in order:
-                    _step(runs[i], r + 1, entries[i] if r >= warmup else None)
+                    run, update, loop = runs[i]
+                    runs[i][2] = _step(run, update, loop, entries[i] if r >= warmup else None)
                     bar.update()
             del runs
         else:
             entries = []
             for cfg in cfgs:
                 run = Run(cfg)
-                entry = _entry(cfg, run.compile())
+                update, compile_s = run.compile()
+                entry, loop = _entry(cfg, compile_s), run.initial_state()
                 for r in range(warmup + steps):
-                    _step(run, r + 1, entry if r >= warmup else None)
+                    loop = _step(run, update, loop, entry if r >= warmup else None)
                     bar.update()
                 entries.append(entry)
-                del run
+                del run, loop
                 gc.collect()
         bar.close()
     return entries

@@ -7,7 +7,11 @@ partial rollout (rl/partial.py: B_gen sequences in flight, the P oldest groups p
 staleness-bounded; the update is then decoupled PPO: cfg.loss.decoupled).
 
 Everything a user can change is a TrainConfig field; this module is the only place where the
-pieces meet. Accounting (SCIENCE.md section 1):
+pieces meet. Values flow through the loop explicitly: each rollout path returns a `Rollout`
+(rl/rollout.py), the reward helper returns (rewards, failures), the update takes its static
+options as one `StepOptions` (rl/config.py), and the loop's counters and train states are a
+`LoopState` that `Run.train_step` / `Run.evaluate` take and return; `Run` holds only what does
+not change while the run runs (plus the stream and engine that read the data). Accounting (SCIENCE.md section 1):
   responses            cumulative *retained* responses (zero-variance groups filtered out
                        when filter_zero_variance; they still count in responses_generated)
   time_s               cumulative wall seconds of generation + rewards + update (eval excluded,
@@ -34,7 +38,6 @@ from jaxrl_scale import distributed as dist
 from jaxrl_scale import optim
 from jaxrl_scale import sharding as shd
 from jaxrl_scale.checkpoint import Checkpointer, load_pytree
-from jaxrl_scale.experiment.batching import decode_responses
 from jaxrl_scale.experiment.common import load_splits, prompt_length, write_json
 from jaxrl_scale.experiment.config import (TrainConfig, check_resume, validate,
                                            validate_for_devices, write_config)
@@ -43,11 +46,12 @@ from jaxrl_scale.experiment.writers import close_all, make_writers, write_all
 from jaxrl_scale.models import get_config, init_params, load_hf
 from jaxrl_scale.models.tokenizer import load_tokenizer
 from jaxrl_scale.rl.batch import RolloutBatch, check_shared_prompts, rollout_batch
-from jaxrl_scale.rl.partial import PartialRollout, staleness_metrics
+from jaxrl_scale.rl.config import StepOptions
+from jaxrl_scale.rl.partial import PartialRollout
+from jaxrl_scale.rl.rollout import LoopState, Rollout, generate_rollout, score_rollout
 from jaxrl_scale.rl.state import init_train_state, state_shardings
 from jaxrl_scale.rl.steps import grpo_step, make_train_step, ppo_step, score_tokens
 from jaxrl_scale.rl.value import init_critic_from_actor
-from jaxrl_scale.sampling import generate
 from jaxrl_scale.sampling.engine import SlotEngine
 
 DONE_FILE = "DONE.json"
@@ -102,7 +106,11 @@ def _state(mesh, model_cfg, params, tx, seed: int):
 
 
 class Run:
-    """Holds the static pieces of one run (built once; the loop below is the orchestration)."""
+    """The static pieces of one run (built once; the loop below is the orchestration): the
+    config, mesh, tokenizer, data, reward function, model config, the jitted update and the
+    frozen reference. What changes while the run runs is a `LoopState` (rl/rollout.py) that
+    `train_step` and `evaluate` take and return; the prompt stream and the slot engine are
+    the run's stateful readers (their position is checkpointed as data_position)."""
 
     def __init__(self, cfg: TrainConfig):
         # cheap checks first: nothing is loaded or compiled on bad input
@@ -119,7 +127,6 @@ class Run:
                                    cfg.seed)
         self.reward_fn = user_reward(cfg.reward_fn, timeout_s=cfg.reward_timeout_s or None) \
             if cfg.reward_fn else reward_for_task(cfg.task)
-        self.reward_failures = 0   # over every process's scoring, so far
         self.model_cfg, params = _model(cfg, self.tok, self.mesh)
         self.prompt_len = prompt_length(
             self.tok, [("train", self.train_src), ("test", self.test_src)], cfg.max_prompt_len,
@@ -131,27 +138,30 @@ class Run:
                                                               len(self.test_src)))]
 
         tx, lr_fn = optimizer_for(cfg, cfg.optim.base_lr)
-        self.states = (_state(self.mesh, self.model_cfg, params, tx, cfg.seed),)
-        common = dict(cfg=self.model_cfg, loss_cfg=cfg.loss,
-                      micro_batches=cfg.micro_batches)
+        # The initial train state(s): the loop's first LoopState (`initial_state`) and the
+        # template of shapes and shardings for compiling and restoring; the update donates
+        # them, so the loop never reads them back from here.
+        self.init_states = (_state(self.mesh, self.model_cfg, params, tx, cfg.seed),)
         # GRPO's G responses share their prompt: the update runs it once per group.
         self.shared_prompt_len = self.prompt_len if (
             cfg.algo == "grpo" and cfg.share_prompt and cfg.group_size > 1) else 0
         if cfg.algo == "grpo":
-            self.step_fn = make_train_step(grpo_step, self.states, mesh=self.mesh, tx=tx,
-                                           lr_fn=lr_fn, group_size=cfg.group_size,
-                                           shared_prompt_len=self.shared_prompt_len, **common)
+            options = StepOptions(self.model_cfg, tx, cfg.loss, cfg.micro_batches, lr_fn=lr_fn,
+                                  group_size=cfg.group_size,
+                                  shared_prompt_len=self.shared_prompt_len)
         else:
             ctx, clr_fn = optimizer_for(cfg, cfg.optim.critic_base_lr,
                                         cfg.batch_train // cfg.critic_minibatches,
                                         cfg.optim.critic_lr_rule)
-            critic = init_critic_from_actor(self.params, jax.random.PRNGKey(cfg.seed + 1))
-            self.states += (_state(self.mesh, self.model_cfg, critic, ctx, cfg.seed + 1),)
-            self.step_fn = make_train_step(ppo_step, self.states, mesh=self.mesh, actor_tx=tx,
-                                           critic_tx=ctx, actor_lr_fn=lr_fn,
-                                           critic_lr_fn=clr_fn,
-                                           critic_minibatches=cfg.critic_minibatches,
-                                           critic_epochs=cfg.critic_epochs, **common)
+            critic = init_critic_from_actor(self.init_states[0].params,
+                                            jax.random.PRNGKey(cfg.seed + 1))
+            self.init_states += (_state(self.mesh, self.model_cfg, critic, ctx, cfg.seed + 1),)
+            options = StepOptions(self.model_cfg, tx, cfg.loss, cfg.micro_batches, lr_fn=lr_fn,
+                                  critic_tx=ctx, critic_lr_fn=clr_fn,
+                                  critic_minibatches=cfg.critic_minibatches,
+                                  critic_epochs=cfg.critic_epochs)
+        self.step_fn = make_train_step(grpo_step if cfg.algo == "grpo" else ppo_step,
+                                       self.init_states, mesh=self.mesh, options=options)
         self.critic_schedule = None if cfg.algo != "ppo" else {
             "critic_updates": cfg.critic_minibatches * cfg.critic_epochs,
             "critic_batch": cfg.batch_train // cfg.critic_minibatches,
@@ -161,7 +171,7 @@ class Run:
         # (Off-policy rollouts need no scoring pass: cfg.loss.decoupled, see LossConfig.)
         self.ref_params = self.score_ref = None
         if cfg.loss.kl_coef:
-            self.ref_params = jax.tree.map(jnp.copy, self.params)
+            self.ref_params = jax.tree.map(jnp.copy, self.init_states[0].params)
             rows = shd.batch_sharding(self.mesh)
             self.score_ref = jax.jit(
                 functools.partial(score_tokens, self.model_cfg,
@@ -187,6 +197,10 @@ class Run:
         waiting = self.partial.waiting if self.partial is not None else 0
         return self.stream.position - waiting
 
+    def initial_state(self) -> LoopState:
+        """The loop's state before the first update (a resume restores over it)."""
+        return LoopState(states=self.init_states)
+
     def _dummy_batch(self):
         cfg = self.cfg
         B, T = cfg.batch_train, self.prompt_len + cfg.max_new_tokens
@@ -196,104 +210,79 @@ class Run:
                             rewards_B=np.zeros((B,), np.float32),
                             ref_logp_BT=zeros_BT if cfg.loss.kl_coef else None)
 
-    def compile(self) -> float:
-        """Compile the update (AOT, fixed shapes) and the rollout; returns seconds spent.
+    def compile(self):
+        """Compile the update (AOT, fixed shapes) and the rollout. Returns (update, seconds):
+        the compiled update, called as update(*states, batch) like `step_fn`, and the
+        seconds spent.
 
         Compilation is a one-off cost, so it is timed here and kept out of time_s: the
         throughput q of a run must not depend on how many steps the run happens to take.
         """
         t0 = time.perf_counter()
-        step = self.step_fn
         shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                               self._dummy_batch())
-        compiled = step.jitted.lower(*self.states, shapes).compile()
+        compiled = self.step_fn.jitted.lower(*self.init_states, shapes).compile()
+        mesh = self.mesh
 
-        def run_compiled(*args):
-            shd.check_batch_divisible(self.mesh, args[-1])
+        def update(*args):
+            shd.check_batch_divisible(mesh, args[-1])
             return compiled(*args)
 
-        self.step_fn = run_compiled
-        cfg = self.cfg
+        cfg, params = self.cfg, self.init_states[0].params
         if self.partial is not None:   # every admission bucket (whole groups) and the decode
-            self.partial.engine.warm(self.params, range(cfg.group_size, cfg.batch_gen + 1,
-                                                        cfg.group_size), cfg.recompute_kv)
+            self.partial.engine.warm(params, range(cfg.group_size, cfg.batch_gen + 1,
+                                                   cfg.group_size), cfg.recompute_kv)
         else:
             warm = [{"prompt": self.train_src[0]["prompt"]}] * cfg.prompts_per_step
-            self.sample(warm, cfg.group_size, 0, cfg.sampling.temperature, score=False)
+            self.sample(params, warm, cfg.group_size, 0, cfg.sampling.temperature)
         if self.score_ref is not None:
             dummy = jax.device_put(self._dummy_batch(), shd.batch_sharding(self.mesh))
             self.score_ref(self.ref_params, dummy.tokens_BT, dummy.valid_BT)
-        return time.perf_counter() - t0
-
-    @property
-    def params(self):
-        return self.states[0].params
+        return update, time.perf_counter() - t0
 
     # ------------------------------------------------------------------ rollout + update
 
-    def sample(self, examples, group: int, seed, temperature: float, score: bool = True):
-        prompts = [self.tok.encode(e["prompt"]) for e in examples for _ in range(group)]
-        t0 = time.perf_counter()
-        C, sc = self.cfg.generate_chunk, self.cfg.sampling
-        # chunk c samples with fold_in(seed, c); a single chunk with the seed itself
-        chunks = [generate(self.model_cfg, self.params, prompts[i:i + C],
-                           max_new_tokens=self.cfg.max_new_tokens, temperature=temperature,
-                           top_k=sc.top_k, top_p=sc.top_p, eos_id=self.tok.eos_id,
-                           pad_id=self.tok.pad_id, mesh=self.mesh,
-                           seed=seed if len(prompts) <= C else
-                           jax.random.fold_in(_as_key(seed), i // C))
-                  for i in range(0, len(prompts), C)]
-        tokens, logps, lengths = (np.concatenate([dist.to_host(getattr(o, f)) for o in chunks])
-                                  for f in ("tokens", "logprobs", "lengths"))
-        self.last_decode_s = time.perf_counter() - t0  # the jitted decode, transfers included
-        if not score:
-            return prompts, tokens, logps, lengths, None
-        return prompts, tokens, logps, lengths, self._rewards(examples, group, tokens, lengths)
+    def sample(self, params, examples, group: int, seed, temperature: float) -> Rollout:
+        """`generate` over examples x group samples (rl/rollout.generate_rollout)."""
+        cfg, sc = self.cfg, self.cfg.sampling
+        return generate_rollout(self.model_cfg, params, examples, group, self.tok.encode,
+                                seed=seed, temperature=temperature, chunk=cfg.generate_chunk,
+                                max_new_tokens=cfg.max_new_tokens, top_k=sc.top_k,
+                                top_p=sc.top_p, eos_id=self.tok.eos_id, pad_id=self.tok.pad_id,
+                                mesh=self.mesh)
 
-    def _rewards(self, examples, group: int, tokens_BM, lengths_B) -> np.ndarray:
-        """Rewards of all B rows; each process scores its `dist.host_rows` share."""
-        B = len(lengths_B)
-        rows = dist.host_rows(B)
-        texts = decode_responses(self.tok, tokens_BM[rows], lengths_B[rows])
-        failed = self.reward_fn.failures
-        rewards = self.reward_fn.score_batch(
-            texts, [e for e in examples for _ in range(group)][rows])
-        failed = dist.allgather_rows(np.array([self.reward_fn.failures - failed]),
-                                     jax.process_count())
-        self.reward_failures += int(failed.sum())
-        return dist.allgather_rows(np.asarray(rewards, np.float32), B)
+    def rewards(self, r: Rollout) -> tuple[np.ndarray, int]:
+        """(rewards of all B rows, reward calls that failed on every process)."""
+        return score_rollout(r, self.tok, self.reward_fn)
 
-    def rollout(self, step: int, seed):
-        """(prompts, tokens_BM, logp_BM, lengths_B, rewards_B, rollout fields) of one update:
-        `generate` over the step's prompts, or the slot engine's next batch."""
+    def rollout(self, params, step: int, seed) -> Rollout:
+        """The rollout of update `step`: `generate` over the step's prompts, or the slot
+        engine's next batch (trained at policy version step - 1)."""
         cfg = self.cfg
         if self.partial is None:
-            return *self.sample(self.stream.next_batch(), cfg.group_size, seed,
-                                cfg.sampling.temperature), {}
-        t0 = time.perf_counter()
-        version = step - 1    # updates so far
-        r = self.partial.next_batch(self.params, version=version, seed=seed)
-        self.last_decode_s = time.perf_counter() - t0
-        rewards_B = self._rewards(r["examples"], cfg.group_size, r["tokens_BM"], r["lengths_B"])
-        fields = {"slot_occupancy": r["slot_occupancy"], "decode_steps": r["decode_steps"],
-                  **staleness_metrics(r["versions_BM"], r["lengths_B"], version)}
-        return r["prompts"], r["tokens_BM"], r["logprobs_BM"], r["lengths_B"], rewards_B, fields
+            return self.sample(params, self.stream.next_batch(), cfg.group_size, seed,
+                               cfg.sampling.temperature)
+        return self.partial.next_batch(params, version=step - 1, seed=seed)
 
-    def train_step(self, step: int) -> dict[str, Any]:
-        """rollout -> batch -> (reference scores) -> update; the step's training record."""
-        cfg = self.cfg
+    def train_step(self, loop: LoopState, update=None) -> tuple[LoopState, dict[str, Any]]:
+        """rollout -> rewards -> batch -> (reference scores) -> update: (the loop state after
+        update number loop.step + 1, the step's training record). `update`: the compiled
+        step from `compile()` (default: `step_fn`, compiled at its first call)."""
+        cfg, update = self.cfg, update or self.step_fn
+        step = loop.step + 1
         t0 = time.perf_counter()
         gen_seed = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), step)
-        prompts, tokens_BM, logp_BM, len_B, rewards_B, rollout_fields = self.rollout(
-            step, gen_seed)
+        r = self.rollout(loop.params, step, gen_seed)
+        rewards_B, failed = self.rewards(r)
         gen_s = time.perf_counter() - t0
 
         t1 = time.perf_counter()
-        batch, accounting = rollout_batch(prompts, tokens_BM, logp_BM, len_B, rewards_B,
-                                          prompt_len=self.prompt_len, pad_id=self.tok.pad_id,
-                                          group_size=cfg.group_size,
+        batch, accounting = rollout_batch(r.prompts, r.tokens_BM, r.logprobs_BM, r.lengths_B,
+                                          rewards_B, prompt_len=self.prompt_len,
+                                          pad_id=self.tok.pad_id, group_size=cfg.group_size,
                                           filter_zero_variance=cfg.filter_zero_variance)
         rec: dict[str, Any] = {}
+        states = loop.states
         if self.shared_prompt_len:
             check_shared_prompts(batch, self.shared_prompt_len, cfg.group_size)
         if accounting["retained"]:  # an all-filtered batch makes no update (Adam would move)
@@ -303,35 +292,37 @@ class Run:
             if self.score_ref is not None:
                 batch = batch.replace(ref_logp_BT=self.score_ref(
                     self.ref_params, batch.tokens_BT, batch.valid_BT))
-            *states, metrics = self.step_fn(*self.states, batch)
-            self.states = tuple(states)
+            *states, metrics = update(*states, batch)
             metrics = jax.device_get(metrics)
             rec["update_s"] = time.perf_counter() - t2  # reference + update, transfers included
             rec.update(step_metrics(metrics, cfg.batch_train // cfg.micro_batches,
                                     cfg.optim.max_grad_norm, self.critic_schedule))
+        failures = loop.reward_failures + failed
         rec.update(
             reward_mean=float(rewards_B.mean()), accuracy=float((rewards_B > 0).mean()),
-            response_len=float(len_B.mean()), **accounting,
-            gen_s=gen_s, decode_s=self.last_decode_s, train_s=time.perf_counter() - t1,
+            response_len=float(r.lengths_B.mean()), **accounting,
+            gen_s=gen_s, decode_s=r.decode_s, train_s=time.perf_counter() - t1,
             batch_train=cfg.batch_train, batch_gen=cfg.batch_gen,
-            reward_failures=self.reward_failures, **rollout_fields)
-        return rec
+            reward_failures=failures, **r.fields())
+        loop = loop.replace(states=tuple(states), step=step, reward_failures=failures,
+                            responses=loop.responses + accounting["retained"],
+                            responses_generated=loop.responses_generated +
+                            accounting["generated"])
+        return loop, rec
 
-    def evaluate(self, step: int) -> dict[str, float]:
-        """Held-out accuracy: mean over eval_samples samples per prompt, plus greedy."""
+    def evaluate(self, loop: LoopState) -> tuple[LoopState, dict[str, float]]:
+        """Held-out accuracy at loop.step: mean over eval_samples samples per prompt, plus
+        greedy; the loop state counts the eval's reward failures."""
         cfg = self.cfg
-        seed = jax.random.fold_in(jax.random.PRNGKey(cfg.seed + 7919), step)
-        *_, r_sampled = self.sample(self.eval_rows, cfg.eval_samples, seed,
-                                     cfg.sampling.temperature)
-        *_, r_greedy = self.sample(self.eval_rows, 1, seed, 0.0)
+        seed = jax.random.fold_in(jax.random.PRNGKey(cfg.seed + 7919), loop.step)
+        r_sampled, f_sampled = self.rewards(self.sample(
+            loop.params, self.eval_rows, cfg.eval_samples, seed, cfg.sampling.temperature))
+        r_greedy, f_greedy = self.rewards(self.sample(loop.params, self.eval_rows, 1, seed, 0.0))
         ok_PK = (r_sampled > 0).reshape(len(self.eval_rows), cfg.eval_samples)
-        return {"score": float(ok_PK.mean()), "eval_n": int(ok_PK.size),
-                "eval_se": eval_se(ok_PK), "score_greedy": float((r_greedy > 0).mean()),
-                "eval_n_greedy": int(r_greedy.size)}
-
-
-def _as_key(seed):
-    return jax.random.PRNGKey(seed) if isinstance(seed, int) else seed
+        loop = loop.replace(reward_failures=loop.reward_failures + f_sampled + f_greedy)
+        return loop, {"score": float(ok_PK.mean()), "eval_n": int(ok_PK.size),
+                      "eval_se": eval_se(ok_PK), "score_greedy": float((r_greedy > 0).mean()),
+                      "eval_n_greedy": int(r_greedy.size)}
 
 
 def eval_se(ok_PK: np.ndarray) -> float | None:
@@ -382,8 +373,9 @@ _EVAL0_FIELDS = ("model", "hf_checkpoint", "init_checkpoint", "tokenizer", "task
                  "max_new_tokens", "seed", "generate_chunk")
 
 
-def initial_eval(run: "Run", cache_dir: str | None = None) -> dict[str, Any]:
-    """run.evaluate(0), shared through `cache_dir` by runs whose _EVAL0_FIELDS agree.
+def initial_eval(run: "Run", loop: LoopState, cache_dir: str | None = None
+                 ) -> tuple[LoopState, dict[str, Any]]:
+    """run.evaluate(loop) at step 0, shared through `cache_dir` by runs whose _EVAL0_FIELDS agree.
 
     The step-0 eval is a pure function of those fields (same params, prompts and sampling
     seed), so the runs of a sweep that start from one warm-start checkpoint with the same seed
@@ -391,7 +383,7 @@ def initial_eval(run: "Run", cache_dir: str | None = None) -> dict[str, Any]:
     includes the checkpoint's modification time, so a retrained checkpoint is re-evaluated.
     """
     if not cache_dir:
-        return run.evaluate(0)
+        return run.evaluate(loop)
     flat = run.cfg.flat()
     key = {k: flat[k] for k in _EVAL0_FIELDS}
     for k in ("hf_checkpoint", "init_checkpoint"):
@@ -402,12 +394,12 @@ def initial_eval(run: "Run", cache_dir: str | None = None) -> dict[str, Any]:
     # every process must take the same branch: the eval is a collective computation
     if bool(dist.broadcast(os.path.exists(path))):
         with open(path) as f:
-            return json.load(f)["eval"]
-    ev = run.evaluate(0)
+            return loop, json.load(f)["eval"]
+    loop, ev = run.evaluate(loop)
     if dist.is_primary():
         os.makedirs(cache_dir, exist_ok=True)
         write_json(path, {"key": key, "eval": ev}, default=str)
-    return ev
+    return loop, ev
 
 
 def run_training(cfg: TrainConfig, *, progress: bool = True,
@@ -426,30 +418,28 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
     """
     check_resume(cfg)   # a directory of another configuration is refused, before any work
     run = Run(cfg)
-    compile_s = run.compile()
+    update, compile_s = run.compile()
     primary = dist.is_primary()
     os.makedirs(cfg.run_dir, exist_ok=True)
     if primary:
         write_config(cfg.run_dir, cfg)
     log = MetricsLog(os.path.join(cfg.run_dir, "metrics.jsonl"))
     ckpt = Checkpointer(os.path.join(cfg.run_dir, "checkpoints"))
-    counters = {"step": 0, "responses": 0, "responses_generated": 0, "time_s": 0.0,
-                "reached_at": None}
+    loop = run.initial_state()
     resumed = ckpt.latest_step() is not None
     if resumed:   # the newest checkpoint that reads (checkpoint.py falls back past bad ones)
-        run.states, meta = ckpt.restore(None, run.states)
-        run.states = tuple(run.states)
-        counters.update(meta["counters"])
+        states, meta = ckpt.restore(None, loop.states)
+        loop = loop.replace(states=tuple(states), **meta["counters"],
+                            reward_failures=meta.get("reward_failures", 0))
         run.stream.restore(meta["data_position"])
-        run.reward_failures = meta.get("reward_failures", 0)
         if primary:
-            log.truncate_after(counters["step"])
+            log.truncate_after(loop.step)
     # TensorBoard / W&B get every record metrics.jsonl gets; the steps after the restored
     # checkpoint are replayed, so the writers hide what a killed attempt logged from there.
     writers = make_writers(cfg.run_dir, tensorboard=cfg.tensorboard,
                            wandb_project=cfg.wandb_project, wandb_mode=cfg.wandb_mode or None,
                            config=cfg.to_json(),
-                           purge_step=counters["step"] + 1 if resumed else 0) if primary else []
+                           purge_step=loop.step + 1 if resumed else 0) if primary else []
 
     def emit(record: dict) -> None:
         if primary:
@@ -459,67 +449,63 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
     if not resumed:
         if primary:
             log.truncate_after(-1)
-        ev = initial_eval(run, eval0_cache)  # the untrained score: curves start at N = 0
+        loop, ev = initial_eval(run, loop, eval0_cache)  # the untrained score: curves at N = 0
         emit({"step": 0, "responses": 0, "time_s": 0.0, **ev, "compile_s": compile_s})
         if cfg.target and ev["score"] >= cfg.target:
-            counters["reached_at"] = 0
+            loop = loop.replace(reached_at=0)
 
-    def save():
-        ckpt.save(counters["step"], run.states,
-                  {"counters": counters, "data_position": run.data_position,
-                   "reward_failures": run.reward_failures})
+    def save(loop: LoopState) -> None:
+        ckpt.save(loop.step, loop.states,
+                  {"counters": loop.counters(), "data_position": run.data_position,
+                   "reward_failures": loop.reward_failures})
 
-    def finished() -> bool:
-        c = counters
-        if c["step"] >= cfg.max_steps:
+    def finished(c: LoopState) -> bool:
+        if c.step >= cfg.max_steps:
             return True
-        if cfg.max_responses and c["responses"] >= cfg.max_responses:
+        if cfg.max_responses and c.responses >= cfg.max_responses:
             return True
-        return c["reached_at"] is not None and \
-            c["responses"] >= c["reached_at"] * (1.0 + cfg.target_margin)
+        return c.reached_at is not None and \
+            c.responses >= c.reached_at * (1.0 + cfg.target_margin)
 
     by_responses = bool(cfg.max_responses)  # budgeted runs show responses, others steps
     bar = tqdm(total=cfg.max_responses if by_responses else cfg.max_steps,
-               initial=counters["responses" if by_responses else "step"],
+               initial=loop.responses if by_responses else loop.step,
                disable=not (progress and primary),
                desc=os.path.basename(os.path.normpath(cfg.run_dir)),
                unit="resp" if by_responses else "step", leave=False)
     last_score, steps_this_call = None, 0
-    while not finished():
+    while not finished(loop):
         if stop_after_steps is not None and steps_this_call >= stop_after_steps:
             break
-        step = counters["step"] + 1
         t0 = time.perf_counter()
-        rec = run.train_step(step)
-        counters["step"] = step
-        counters["responses"] += rec["retained"]
-        counters["responses_generated"] += rec["generated"]
-        counters["time_s"] += time.perf_counter() - t0
-        emit({"step": step, "responses": counters["responses"],
-              "responses_generated": counters["responses_generated"],
-              "time_s": counters["time_s"], **rec})
+        loop, rec = run.train_step(loop, update)
+        loop = loop.replace(time_s=loop.time_s + time.perf_counter() - t0)
+        step = loop.step
+        emit({"step": step, "responses": loop.responses,
+              "responses_generated": loop.responses_generated,
+              "time_s": loop.time_s, **rec})
         if step % cfg.eval_every == 0:
             t_eval = time.perf_counter()
-            ev = run.evaluate(step)
+            loop, ev = run.evaluate(loop)
             last_score = ev["score"]
-            emit({"step": step, "responses": counters["responses"],
-                  "time_s": counters["time_s"], **ev, "eval_s": time.perf_counter() - t_eval})
-            if cfg.target and counters["reached_at"] is None and ev["score"] >= cfg.target:
-                counters["reached_at"] = counters["responses"]
+            emit({"step": step, "responses": loop.responses,
+                  "time_s": loop.time_s, **ev, "eval_s": time.perf_counter() - t_eval})
+            if cfg.target and loop.reached_at is None and ev["score"] >= cfg.target:
+                loop = loop.replace(reached_at=loop.responses)
         if step % cfg.checkpoint_every == 0:
-            save()
+            save(loop)
         steps_this_call += 1
         bar.update(rec["retained"] if by_responses else 1)
-        resp_s = counters["responses"] / max(counters["time_s"], 1e-9)
+        resp_s = loop.responses / max(loop.time_s, 1e-9)
         bar.set_postfix(resp_s=f"{resp_s:.0f}", reward=f"{rec['reward_mean']:.3f}",
                         score="-" if last_score is None else f"{last_score:.3f}")
     bar.close()
-    done = finished()
+    done = finished(loop)
     if done:
-        if ckpt.latest_step() != counters["step"]:
-            save()
+        if ckpt.latest_step() != loop.step:
+            save(loop)
         if primary:
-            write_json(os.path.join(cfg.run_dir, DONE_FILE), dict(counters))
+            write_json(os.path.join(cfg.run_dir, DONE_FILE), loop.counters())
     ckpt.close()
     close_all(writers)
-    return {**counters, "finished": done}
+    return {**loop.counters(), "finished": done}

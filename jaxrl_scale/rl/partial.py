@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Callable, Sequence
+import time
+from typing import Callable, Sequence
 
 import numpy as np
 
+from jaxrl_scale.rl.rollout import Rollout, staleness_metrics  # noqa: F401 (re-export)
 from jaxrl_scale.sampling.engine import SlotEngine
 
 
@@ -94,14 +96,16 @@ class PartialRollout:
                                           ("tokens", "logprobs", "versions", "lengths")}
             g.live.discard(int(s))
 
-    def next_batch(self, params, *, version: int, seed) -> dict[str, Any]:
+    def next_batch(self, params, *, version: int, seed) -> Rollout:
         """Decode until the P oldest groups are done; pop them as one prompt-major batch.
 
         version: the policy version of `params` (updates so far); seed: this round's sampling
-        key (applied at step 0 of the round). Returns examples [P], prompts [P*G] and numpy
-        tokens_BM, logprobs_BM, versions_BM, lengths_B (B = P*G rows, M = max_new_tokens),
-        plus slot_occupancy and decode_steps of the round.
+        key (applied at step 0 of the round). Returns the `Rollout` (rl/rollout.py) of
+        examples [P], prompts [P*G], numpy tokens_BM, logprobs_BM, versions_BM, lengths_B
+        (B = P*G rows, M = max_new_tokens), the round's slot_occupancy, decode_steps and
+        decode_s (this call's wall seconds), trained at `version`.
         """
+        t0 = time.perf_counter()
         eng = self.engine
         if not eng.live.any():
             eng.reset(seed)             # an empty engine starts at generate's layout
@@ -129,23 +133,12 @@ class PartialRollout:
         rows = [g.rows[i] for g in groups for i in range(self.G)]
         occupancy, steps = eng.take_occupancy()
         stack = lambda k: np.stack([r[k] for r in rows])
-        return {"examples": [g.example for g in groups],
-                "prompts": [g.prompt for g in groups for _ in range(self.G)],
-                "tokens_BM": stack("tokens"), "logprobs_BM": stack("logprobs"),
-                "versions_BM": stack("versions"), "lengths_B": stack("lengths"),
-                "slot_occupancy": occupancy, "decode_steps": steps}
-
-
-def staleness_metrics(versions_BM: np.ndarray, lengths_B: np.ndarray, version: int
-                      ) -> dict[str, float]:
-    """Policy versions between sampling and this update, over the batch's response tokens
-    (docs/API.md, "Rollout fields")."""
-    mask_BM = np.arange(versions_BM.shape[1])[None, :] < np.asarray(lengths_B)[:, None]
-    lag = (version - np.asarray(versions_BM))[mask_BM]
-    if not lag.size:
-        return {"staleness_mean": 0.0, "staleness_max": 0, "off_policy_token_frac": 0.0}
-    return {"staleness_mean": float(lag.mean()), "staleness_max": int(lag.max()),
-            "off_policy_token_frac": float((lag > 0).mean())}
+        return Rollout(tokens_BM=stack("tokens"), logprobs_BM=stack("logprobs"),
+                       lengths_B=stack("lengths"), versions_BM=stack("versions"),
+                       examples=tuple(g.example for g in groups),
+                       prompts=[g.prompt for g in groups for _ in range(self.G)],
+                       group_size=self.G, decode_s=time.perf_counter() - t0, version=version,
+                       slot_occupancy=occupancy, decode_steps=steps)
 
 
 __all__ = ["PartialRollout", "staleness_metrics"]

@@ -26,7 +26,6 @@ critic). These are the names of docs/API.md: the loop logs the step's metrics un
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, Callable, Optional
 
@@ -42,53 +41,12 @@ from jaxrl_scale.models.decoder import (
     forward, hidden_states, logits_from_hidden, response_hidden_states)
 from jaxrl_scale.rl import losses
 from jaxrl_scale.rl.batch import RolloutBatch
+from jaxrl_scale.rl.config import LossConfig, StepOptions  # noqa: F401 (LossConfig re-exported)
 from jaxrl_scale.rl.state import TrainState, state_shardings
 from jaxrl_scale.rl.value import critic_values
 
 Array = jax.Array
 sg = jax.lax.stop_gradient
-
-
-# ----------------------------------------------------------------------------- configs, batches
-
-
-@dataclasses.dataclass(frozen=True)
-class LossConfig:
-    """Static loss settings (hashable; part of the compiled graph)."""
-
-    advantage: str = "grpo"        # GRPO's group estimator (losses.group_advantages)
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float = 0.0         # 0 disables; else > 1 (e.g. 3)
-    agg: str = "token-mean"
-    temperature: float = 1.0       # the sampler's; tokens are scored under the same distribution
-    # Decoupled PPO for off-policy rollouts (Hilton et al. 2022): the surrogate is clipped
-    # around the proximal policy (batch.prox_logp_BT, else the params being updated, which
-    # are the pre-update policy when the batch makes one optimizer update) and weighted by
-    # pi_prox / pi_behav against the behaviour log-probs in old_logp_BT.
-    decoupled: bool = False
-    kl_coef: float = 0.0           # KL to a frozen reference; needs batch.ref_logp_BT
-    kl_kind: str = "k3"
-    entropy_coef: float = 0.0      # entropy bonus: loss -= coef * aggregate(entropy)
-    # Mixture-of-experts models only: loss += coef * router load-balancing loss
-    # (models/moe.load_balancing_loss over the valid tokens; HF's router_aux_loss_coef).
-    router_aux_coef: float = 0.0
-    # PPO only
-    vf_clip: float = 0.2           # 0 disables
-    gamma: float = 1.0
-    lam: float = 0.95
-    whiten_advantages: bool = True
-
-    def __post_init__(self):
-        if self.agg not in losses.AGG_MODES:
-            raise ValueError(f"LossConfig.agg={self.agg!r}; valid modes: {losses.AGG_MODES}")
-        if self.advantage not in losses.ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"LossConfig.advantage={self.advantage!r}; valid: "
-                             f"{losses.ADVANTAGE_ESTIMATORS}")
-        if self.kl_kind not in losses.KL_KINDS:
-            raise ValueError(f"LossConfig.kl_kind={self.kl_kind!r}; valid: {losses.KL_KINDS}")
-        if self.router_aux_coef < 0:
-            raise ValueError(f"LossConfig.router_aux_coef={self.router_aux_coef} must be >= 0")
 
 
 # ----------------------------------------------------------------------------- normalisers
@@ -401,14 +359,10 @@ def _named(metrics: dict, who: str) -> dict:
     return out
 
 
-def grpo_step(state: TrainState, batch: RolloutBatch, *, cfg: ModelConfig,
-              tx: optax.GradientTransformation, group_size: int,
-              loss_cfg: LossConfig = LossConfig(), micro_batches: int = 1,
-              num_minibatches: int = 1, epochs: int = 1, remat: bool = False,
-              lr_fn: Optional[Callable] = None, with_grads: bool = False,
-              shared_prompt_len: int = 0):
+def grpo_step(state: TrainState, batch: RolloutBatch, options: StepOptions):
     """One GRPO (or other group-advantage) policy update: (state, batch) -> (state, metrics).
 
+    `options` (rl/config.StepOptions) holds every static setting; below, its fields.
     Advantages come from batch.rewards_B by loss_cfg.advantage over groups of `group_size`
     consecutive rows; micro-batches hold whole groups. Clipped surrogate (PPO clip with
     clip-higher and dual clip), optional KL to the frozen reference whose log-probs are in
@@ -423,16 +377,17 @@ def grpo_step(state: TrainState, batch: RolloutBatch, *, cfg: ModelConfig,
     the same loss and gradients, computed on P * Tp + B * (T - Tp) tokens instead of B * T.
     Needs num_minibatches = 1 (minibatches interleave rows, splitting groups).
     """
-    if shared_prompt_len and num_minibatches != 1:
-        raise ValueError(f"shared_prompt_len={shared_prompt_len} needs num_minibatches=1 "
-                         f"(got {num_minibatches}): minibatches split the prompt groups")
-    adv_BS = _grpo_advantages_BS(batch, group_size, loss_cfg.advantage)
-    data = _actor_data(batch, adv_BS, loss_cfg)
-    update = functools.partial(_policy_update, cfg=cfg, tx=tx, loss_cfg=loss_cfg,
-                               micro_batches=micro_batches, remat=remat, lr_fn=lr_fn,
-                               with_grads=with_grads, group_size=group_size,
-                               shared_prompt_len=shared_prompt_len)
-    state, metrics = _multi_update(update, state, data, num_minibatches, epochs)
+    o = options
+    if o.shared_prompt_len and o.num_minibatches != 1:
+        raise ValueError(f"shared_prompt_len={o.shared_prompt_len} needs num_minibatches=1 "
+                         f"(got {o.num_minibatches}): minibatches split the prompt groups")
+    adv_BS = _grpo_advantages_BS(batch, o.group_size, o.loss_cfg.advantage)
+    data = _actor_data(batch, adv_BS, o.loss_cfg)
+    update = functools.partial(_policy_update, cfg=o.cfg, tx=o.tx, loss_cfg=o.loss_cfg,
+                               micro_batches=o.micro_batches, remat=o.remat, lr_fn=o.lr_fn,
+                               with_grads=o.with_grads, group_size=o.group_size,
+                               shared_prompt_len=o.shared_prompt_len)
+    state, metrics = _multi_update(update, state, data, o.num_minibatches, o.epochs)
     return state, _named(metrics, "actor")
 
 
@@ -523,14 +478,10 @@ def ppo_advantages(cfg: ModelConfig, critic_params: Any, batch: RolloutBatch, lo
                 mask_BS=mask_BS)
 
 
-def ppo_step(actor_state: TrainState, critic_state: TrainState, batch: RolloutBatch, *,
-             cfg: ModelConfig, actor_tx: optax.GradientTransformation,
-             critic_tx: optax.GradientTransformation, loss_cfg: LossConfig = LossConfig(),
-             micro_batches: int = 1, num_minibatches: int = 1, epochs: int = 1,
-             critic_minibatches: Optional[int] = None, critic_epochs: Optional[int] = None,
-             remat: bool = False, actor_lr_fn: Optional[Callable] = None,
-             critic_lr_fn: Optional[Callable] = None, with_grads: bool = False):
-    """PPO update of an actor and a critic from one rollout batch.
+def ppo_step(actor_state: TrainState, critic_state: TrainState, batch: RolloutBatch,
+             options: StepOptions):
+    """PPO update of an actor and a critic from one rollout batch; `options` as grpo_step's
+    (tx / lr_fn the actor's; critic_tx / critic_lr_fn / critic_minibatches / critic_epochs).
 
     The critic (trunk + value head, rl/value.py) scores the rollout before any update; GAE
     (Schulman et al. 2016) on the outcome reward at the final response token gives advantages
@@ -544,22 +495,25 @@ def ppo_step(actor_state: TrainState, critic_state: TrainState, batch: RolloutBa
     pre-update values for GAE, so the actor's update does not depend on the critic's schedule.
     Returns (actor_state, critic_state, metrics).
     """
-    gae_out = ppo_advantages(cfg, critic_state.params, batch, loss_cfg, micro_batches)
-    actor_data = _actor_data(batch, gae_out["advantages_BS"], loss_cfg)
+    o = options
+    if o.critic_tx is None:
+        raise ValueError("ppo_step needs StepOptions.critic_tx (the critic's optimizer)")
+    gae_out = ppo_advantages(o.cfg, critic_state.params, batch, o.loss_cfg, o.micro_batches)
+    actor_data = _actor_data(batch, gae_out["advantages_BS"], o.loss_cfg)
     critic_data = dict(tokens_BT=actor_data["tokens_BT"], valid_BT=actor_data["valid_BT"],
                        mask_BS=gae_out["mask_BS"], old_values_BS=gae_out["values_BS"],
                        returns_BS=gae_out["returns_BS"])
-    common = dict(cfg=cfg, loss_cfg=loss_cfg, micro_batches=micro_batches, remat=remat,
-                  with_grads=with_grads)
-    actor_update = functools.partial(_policy_update, tx=actor_tx, lr_fn=actor_lr_fn, **common)
-    critic_update = functools.partial(_critic_update, tx=critic_tx, lr_fn=critic_lr_fn,
+    common = dict(cfg=o.cfg, loss_cfg=o.loss_cfg, micro_batches=o.micro_batches,
+                  remat=o.remat, with_grads=o.with_grads)
+    actor_update = functools.partial(_policy_update, tx=o.tx, lr_fn=o.lr_fn, **common)
+    critic_update = functools.partial(_critic_update, tx=o.critic_tx, lr_fn=o.critic_lr_fn,
                                       **common)
-    actor_state, am = _multi_update(actor_update, actor_state, actor_data, num_minibatches,
-                                    epochs)
+    actor_state, am = _multi_update(actor_update, actor_state, actor_data,
+                                    o.num_minibatches, o.epochs)
     critic_state, cm = _multi_update(
         critic_update, critic_state, critic_data,
-        num_minibatches if critic_minibatches is None else critic_minibatches,
-        epochs if critic_epochs is None else critic_epochs)
+        o.num_minibatches if o.critic_minibatches is None else o.critic_minibatches,
+        o.epochs if o.critic_epochs is None else o.critic_epochs)
     metrics = {**_named(am, "actor"), **_named(cm, "critic")}
     mask_BS = gae_out["mask_BS"]
     metrics["value_mean"] = jnp.sum(gae_out["values_BS"] * mask_BS) / jnp.maximum(
@@ -574,18 +528,22 @@ def ppo_step(actor_state: TrainState, critic_state: TrainState, batch: RolloutBa
 
 def make_train_step(step_fn: Callable, states: TrainState | tuple[TrainState, ...] | None = None,
                     *, mesh=None, donate: bool = True, compiler_options: Optional[dict] = None,
-                    **step_kwargs) -> Callable:
+                    options: Optional[StepOptions] = None, **fields) -> Callable:
     """jit(step_fn) with explicit in/out shardings and donated train state(s).
 
     `states`: the state (GRPO) or (actor, critic) (PPO) that the step takes first, as arrays
     or ShapeDtypeStructs; only used to derive shardings from the rule table (may be None
-    without a mesh). The batch is
-    split over data x fsdp, metrics come back replicated. The returned function takes
-    (*states, batch) and checks that the batch rows divide over the data axes first (a clear
-    ValueError naming both numbers). step_kwargs (cfg, tx, loss_cfg, micro_batches, ...) are
-    bound statically; compiler_options go to jax.jit (e.g. a lower XLA optimisation level to
+    without a mesh). The batch is split over data x fsdp, metrics come back replicated. The
+    returned function takes (*states, batch) and checks that the batch rows divide over the
+    data axes first (a clear ValueError naming both numbers). The step's static options are
+    `options`, or built from StepOptions `fields` (cfg, tx, loss_cfg, micro_batches, ...;
+    StepOptions.of); compiler_options go to jax.jit (e.g. a lower XLA optimisation level to
     compile tests faster).
     """
+    if options is None:
+        options = StepOptions.of(**fields)
+    elif fields:
+        raise ValueError(f"make_train_step: pass options or fields, not both ({sorted(fields)})")
     if states is None:
         if mesh is not None:
             raise ValueError("make_train_step needs the state(s) to derive shardings on a mesh")
@@ -593,7 +551,7 @@ def make_train_step(step_fn: Callable, states: TrainState | tuple[TrainState, ..
     else:
         states = states if isinstance(states, tuple) else (states,)
         n = len(states)
-    fn = functools.partial(step_fn, **step_kwargs)
+    fn = functools.partial(step_fn, options=options)
     donate_argnums = tuple(range(n)) if donate else ()
     if mesh is None:
         jitted = jax.jit(fn, donate_argnums=donate_argnums, compiler_options=compiler_options)
@@ -608,12 +566,12 @@ def make_train_step(step_fn: Callable, states: TrainState | tuple[TrainState, ..
             shd.check_batch_divisible(mesh, args[-1])
         return jitted(*args)
 
-    train_step.jitted = jitted
+    train_step.jitted, train_step.options = jitted, options
     return train_step
 
 
 __all__ = [
-    "LossConfig", "RolloutBatch", "token_weights", "accumulate_grads",
+    "LossConfig", "StepOptions", "RolloutBatch", "token_weights", "accumulate_grads",
     "apply_grads", "grpo_step", "score_tokens",
     "final_token_rewards", "ppo_advantages", "ppo_step", "make_train_step",
 ]

@@ -1,0 +1,104 @@
+"""Static settings of the update steps, as values: `LossConfig` (the loss) and `StepOptions`
+(everything a GRPO / PPO step binds statically: model, optimizers, loss, micro-batching,
+schedules). Both are frozen, hashable dataclasses: part of the compiled graph, never traced.
+
+This module imports no step code, so a configuration module can build a `LossConfig` without
+importing rl/steps.py. The loss's named choices are checked here once (`LOSS_CHOICES`,
+`invalid_choice`): by `LossConfig` itself and by experiment/config.py's flag checks.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+from jaxrl_scale.rl import losses
+
+# LossConfig fields that name one of a fixed set of choices.
+LOSS_CHOICES = {"advantage": losses.ADVANTAGE_ESTIMATORS, "agg": losses.AGG_MODES,
+                "kl_kind": losses.KL_KINDS}
+
+
+def invalid_choice(field: str, value: Any) -> Optional[str]:
+    """None when `value` is a valid choice for the LossConfig field, else why not."""
+    valid = LOSS_CHOICES.get(field)
+    if valid is None or value in valid:
+        return None
+    return f"LossConfig.{field}={value!r}; valid: {valid}"
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """Static loss settings (hashable; part of the compiled graph)."""
+
+    advantage: str = "grpo"        # GRPO's group estimator (losses.group_advantages)
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float = 0.0         # 0 disables; else > 1 (e.g. 3)
+    agg: str = "token-mean"
+    temperature: float = 1.0       # the sampler's; tokens are scored under the same distribution
+    # Decoupled PPO for off-policy rollouts (Hilton et al. 2022): the surrogate is clipped
+    # around the proximal policy (batch.prox_logp_BT, else the params being updated, which
+    # are the pre-update policy when the batch makes one optimizer update) and weighted by
+    # pi_prox / pi_behav against the behaviour log-probs in old_logp_BT.
+    decoupled: bool = False
+    kl_coef: float = 0.0           # KL to a frozen reference; needs batch.ref_logp_BT
+    kl_kind: str = "k3"
+    entropy_coef: float = 0.0      # entropy bonus: loss -= coef * aggregate(entropy)
+    # Mixture-of-experts models only: loss += coef * router load-balancing loss
+    # (models/moe.load_balancing_loss over the valid tokens; HF's router_aux_loss_coef).
+    router_aux_coef: float = 0.0
+    # PPO only
+    vf_clip: float = 0.2           # 0 disables
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten_advantages: bool = True
+
+    def __post_init__(self):
+        for field in LOSS_CHOICES:
+            why = invalid_choice(field, getattr(self, field))
+            if why:
+                raise ValueError(why)
+        if self.router_aux_coef < 0:
+            raise ValueError(f"LossConfig.router_aux_coef={self.router_aux_coef} must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOptions:
+    """The static options of one update step (`grpo_step(state, batch, options)`,
+    `ppo_step(actor_state, critic_state, batch, options)`); hashable, bound at jit time.
+
+    cfg: the model; tx / lr_fn: the policy's (PPO: the actor's) optimizer and the lr it uses at
+    an update count (lr_fn None: no "lr" metric); loss_cfg: the loss; micro_batches: gradient
+    accumulation steps per update; num_minibatches x epochs: optimizer updates per call;
+    remat: rematerialise the decoder layers; with_grads: return the pre-clip gradients.
+    GRPO only: group_size (rows per prompt group) and shared_prompt_len (run each group's
+    prompt once). PPO only: the critic's optimizer, lr and schedule (critic_minibatches /
+    critic_epochs None: the actor's).
+    """
+
+    cfg: Any                                   # models.config.ModelConfig
+    tx: Any                                    # optax.GradientTransformation
+    loss_cfg: LossConfig = LossConfig()
+    micro_batches: int = 1
+    num_minibatches: int = 1
+    epochs: int = 1
+    remat: bool = False
+    lr_fn: Optional[Callable] = None
+    with_grads: bool = False
+    group_size: int = 1
+    shared_prompt_len: int = 0
+    critic_tx: Any = None
+    critic_lr_fn: Optional[Callable] = None
+    critic_minibatches: Optional[int] = None
+    critic_epochs: Optional[int] = None
+
+    # PPO's historical keyword names for the actor's optimizer and lr (make_train_step).
+    ALIASES = {"actor_tx": "tx", "actor_lr_fn": "lr_fn"}
+
+    @classmethod
+    def of(cls, **kw) -> "StepOptions":
+        """StepOptions from keywords, accepting PPO's `actor_tx` / `actor_lr_fn`."""
+        return cls(**{cls.ALIASES.get(k, k): v for k, v in kw.items()})
+
+
+__all__ = ["LOSS_CHOICES", "LossConfig", "StepOptions", "invalid_choice"]

@@ -1,0 +1,143 @@
+"""The rollout as a value, and the loop's counters as a value.
+
+`Rollout`: one update's sampled responses, whichever path made them: `generate_rollout` (the
+synchronous `generate` over P prompts x G samples) or `rl/partial.PartialRollout.next_batch`
+(the slot engine's asynchronous partial rollout). Host numpy arrays, B = P * G rows
+(prompt-major), M = max_new_tokens:
+  tokens_BM, logprobs_BM   sampled tokens (pad after each row's length) and their behaviour
+                           log-probs (0 on pads)
+  lengths_B                tokens generated per row (EOS included)
+  versions_BM              policy version that sampled each token (engine only, else None)
+  examples [P], prompts [B], group_size   the data rows and encoded prompts they came from
+  decode_s                 wall seconds of the decode, transfers to host included
+  version                  policy version (updates so far) the batch is trained at (engine)
+  slot_occupancy, decode_steps   the engine's round statistics (engine only)
+A flax struct: the arrays are its pytree leaves, the rest static.
+
+`LoopState`: what changes while a run runs (train states and counters), passed to and
+returned by each step of the loop (experiment/train.py); nothing is written on the side.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Optional, Sequence
+
+import flax.struct
+import jax
+import numpy as np
+
+from jaxrl_scale import distributed as dist
+from jaxrl_scale.models.tokenizer import decode_response
+from jaxrl_scale.sampling import generate
+
+
+def _static(default=None):
+    return flax.struct.field(pytree_node=False, default=default)
+
+
+@flax.struct.dataclass
+class Rollout:
+    tokens_BM: Any
+    logprobs_BM: Any
+    lengths_B: Any
+    versions_BM: Any = None
+    examples: Sequence[dict] = _static(())
+    prompts: Sequence[list] = _static(())
+    group_size: int = _static(1)
+    decode_s: float = _static(0.0)
+    version: Optional[int] = _static(None)
+    slot_occupancy: Optional[float] = _static(None)
+    decode_steps: Optional[int] = _static(None)
+
+    def row_examples(self) -> list[dict]:
+        """The data row of each of the B responses (each example G times)."""
+        return [e for e in self.examples for _ in range(self.group_size)]
+
+    def fields(self) -> dict[str, Any]:
+        """The rollout fields of the step's record (docs/API.md, "Rollout fields"): the
+        engine's round statistics and staleness; none for `generate`."""
+        if self.versions_BM is None:
+            return {}
+        return {"slot_occupancy": self.slot_occupancy, "decode_steps": self.decode_steps,
+                **staleness_metrics(self.versions_BM, self.lengths_B, self.version)}
+
+
+def staleness_metrics(versions_BM: np.ndarray, lengths_B: np.ndarray, version: int
+                      ) -> dict[str, float]:
+    """Policy versions between sampling and this update, over the batch's response tokens
+    (docs/API.md, "Rollout fields")."""
+    mask_BM = np.arange(versions_BM.shape[1])[None, :] < np.asarray(lengths_B)[:, None]
+    lag = (version - np.asarray(versions_BM))[mask_BM]
+    if not lag.size:
+        return {"staleness_mean": 0.0, "staleness_max": 0, "off_policy_token_frac": 0.0}
+    return {"staleness_mean": float(lag.mean()), "staleness_max": int(lag.max()),
+            "off_policy_token_frac": float((lag > 0).mean())}
+
+
+def _as_key(seed):
+    return jax.random.PRNGKey(seed) if isinstance(seed, int) else seed
+
+
+def generate_rollout(model_cfg, params, examples: Sequence[dict], group: int, encode, *,
+                     seed, temperature: float, chunk: int, max_new_tokens: int, top_k: int,
+                     top_p: float, eos_id, pad_id: int, mesh=None) -> Rollout:
+    """`generate` over `examples` x `group` samples, in calls of at most `chunk` rows: chunk
+    c samples with fold_in(seed, c); a single chunk with the seed itself."""
+    prompts = [encode(e["prompt"]) for e in examples for _ in range(group)]
+    t0 = time.perf_counter()
+    outs = [generate(model_cfg, params, prompts[i:i + chunk], max_new_tokens=max_new_tokens,
+                     temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id,
+                     pad_id=pad_id, mesh=mesh,
+                     seed=seed if len(prompts) <= chunk else
+                     jax.random.fold_in(_as_key(seed), i // chunk))
+            for i in range(0, len(prompts), chunk)]
+    tokens, logps, lengths = (np.concatenate([dist.to_host(getattr(o, f)) for o in outs])
+                              for f in ("tokens", "logprobs", "lengths"))
+    return Rollout(tokens_BM=tokens, logprobs_BM=logps, lengths_B=lengths,
+                   examples=tuple(examples), prompts=prompts, group_size=group,
+                   decode_s=time.perf_counter() - t0)
+
+
+def score_rollout(r: Rollout, tokenizer, reward_fn) -> tuple[np.ndarray, int]:
+    """(rewards of all B rows float32, reward calls that failed on every process): each
+    process scores its `dist.host_rows` share of the responses with `reward_fn`
+    (data/rewards.RewardFn, which counts its own failures); the failures are returned, so
+    the caller's counters change only where it adds them."""
+    B = len(r.lengths_B)
+    rows = dist.host_rows(B)
+    texts = [decode_response(tokenizer, row[:int(n)]) for row, n in
+             zip(np.asarray(r.tokens_BM[rows]), np.asarray(r.lengths_B[rows]))]
+    before = reward_fn.failures
+    rewards = reward_fn.score_batch(texts, r.row_examples()[rows])
+    failed = dist.allgather_rows(np.array([reward_fn.failures - before]), jax.process_count())
+    return dist.allgather_rows(np.asarray(rewards, np.float32), B), int(failed.sum())
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopState:
+    """The run's changing state: the train state(s) (policy, and PPO's critic) and the loop's
+    counters (SCIENCE.md section 1). `counters()` is what checkpoints and DONE.json hold."""
+
+    states: tuple
+    step: int = 0
+    responses: int = 0                 # cumulative retained responses
+    responses_generated: int = 0
+    time_s: float = 0.0                # generation + rewards + update, eval excluded
+    reached_at: Optional[int] = None   # responses when the eval first reached the target
+    reward_failures: int = 0           # reward calls that raised or timed out, every process
+
+    COUNTERS = ("step", "responses", "responses_generated", "time_s", "reached_at")
+
+    def counters(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.COUNTERS}
+
+    @property
+    def params(self):
+        return self.states[0].params
+
+    def replace(self, **kw) -> "LoopState":
+        return dataclasses.replace(self, **kw)
+
+
+__all__ = ["LoopState", "Rollout", "generate_rollout", "score_rollout", "staleness_metrics"]
