@@ -168,8 +168,6 @@ def tune_plan(sweep: SweepConfig, base: TrainConfig) -> list[TrainConfig]:
     rollout (the lr is tuned once; partial rollout is a system change measured against it)."""
     runs = []
     for algo in sweep.algos:
-        B0 = _reference_batch(sweep, algo)
-        G = 1 if algo == "ppo" else (sweep.base_group or min(sweep.group_sizes))
         for lr in sweep.tune_lrs:
             runs.append(tune_run(sweep, base, algo, lr))
     return runs
