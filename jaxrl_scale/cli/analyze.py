@@ -2,6 +2,7 @@ r"""Analyse a sweep: N*, q, r_N, r_q, T/T0 with 90% intervals and a verdict per 
 summary.json and a report with figures.
 
     python experiments/analyze.py --sweep_dir=DIR [--target=0.6|auto] [--reference=CONFIG]
+    python experiments/analyze.py --sweep_dir=DIR --format=verl|trl [--responses_per_step=N]
     python experiments/analyze.py --csv=run.csv \
         --columns=step:global_step,responses:samples,time_s:wall,score:val_acc --target=0.6
 
@@ -17,6 +18,7 @@ from absl import app, flags
 
 from jaxrl_scale.cli import print_summary, run_main
 from jaxrl_scale.experiment.analyze import analyze_and_report
+from jaxrl_scale.scaling import readers
 from jaxrl_scale.scaling.analysis import AnalysisError
 
 FLAGS = flags.FLAGS
@@ -35,6 +37,17 @@ flags.DEFINE_multi_string("csv", [], "CSV of an external run (repeatable); joins
 flags.DEFINE_string("columns", None, "CSV column map ours:theirs,... e.g. "
                     "step:global_step,responses:samples,time_s:wall,score:val_acc")
 flags.DEFINE_string("out", None, "Output directory (default: sweep_dir).")
+flags.DEFINE_enum("format", "auto", list(readers.FORMATS), "Layout of the runs in --sweep_dir: "
+                  "auto (detected from the files present), jaxrl (metrics.jsonl), trl "
+                  "(trainer_state.json), verl (FileLogger JSONL + .hydra/config.yaml).")
+flags.DEFINE_float("responses_per_step", None, "Responses per optimizer step of every run, "
+                   "when its log and config do not give it (TRL: per_device_train_batch_size "
+                   "x gradient_accumulation_steps x world size; verl: data.train_batch_size x "
+                   "actor_rollout_ref.rollout.n).")
+flags.DEFINE_integer("world_size", None, "TRL: processes per run when no config beside "
+                     "trainer_state.json gives it (default 1, with a warning).")
+flags.DEFINE_string("score_key", None, "Eval metric to use (default: TRL eval_reward; verl "
+                    "the first val-core/.../mean@N).")
 
 
 def main(argv):
@@ -45,7 +58,14 @@ def main(argv):
         summary = analyze_and_report(FLAGS.sweep_dir, FLAGS.target, FLAGS.reference,
                                      FLAGS.tolerance, FLAGS.fit_sigmoid, csv=FLAGS.csv,
                                      columns=FLAGS.columns, out=FLAGS.out,
-                                     ci_level=FLAGS.ci_level, n_boot=FLAGS.n_boot)
+                                     ci_level=FLAGS.ci_level, n_boot=FLAGS.n_boot,
+                                     fmt=FLAGS.format, overrides=dict(
+                                         responses_per_step=FLAGS.responses_per_step,
+                                         world_size=FLAGS.world_size,
+                                         score_key=FLAGS.score_key))
+    except readers.ReaderError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except (AnalysisError, FileNotFoundError, ValueError) as e:
         print(f"analyze.py: error: {e}", file=sys.stderr)
         return 1

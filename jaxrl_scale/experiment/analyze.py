@@ -8,24 +8,47 @@ import os
 from typing import Sequence
 
 from jaxrl_scale import report
-from jaxrl_scale.scaling import analysis
+from jaxrl_scale.scaling import analysis, readers
 from jaxrl_scale.scaling.io import read_csv_run
 
 
 def analyze_and_report(sweep_dir: str | None, target, reference: str | None = None,
                        tolerance: float = 0.25, fit_sigmoid: bool = False, *,
                        csv: Sequence[str] = (), columns: str | None = None,
-                       out: str | None = None, **kwargs) -> dict:
+                       out: str | None = None, fmt: str = "auto",
+                       overrides: dict | None = None, **kwargs) -> dict:
     """summary.json + report.md (+ figures) of a sweep into ``out`` (default: the sweep dir,
     else the first CSV's directory). CSV runs (``csv`` paths read with the ``columns`` map)
-    join the sweep; ``kwargs`` go to `analysis.analyze`. Returns summary.json's dict plus
-    "summary_path" and "report_path"."""
+    join the sweep; ``kwargs`` go to `analysis.analyze`. ``fmt`` (auto | jaxrl | trl | verl)
+    selects the reader of the sweep's runs (`scaling.readers`), ``overrides`` supply what their
+    logs lack (responses_per_step, world_size, score_key, ...); ReaderError for a mixed sweep
+    or a run whose batch is unknown. Returns summary.json's dict plus "summary_path" and
+    "report_path"."""
     extra = [read_csv_run(c, columns) for c in csv]
     target = analysis.parse_target(target)
-    runs, skipped = analysis.load_runs(sweep_dir, extra)
+    runs, skipped = _load(sweep_dir, extra, fmt, overrides or {})
     summary = analysis.analyze(runs, target, reference, tolerance, fit_sigmoid,
                                skipped=skipped, sweep_dir=sweep_dir, **kwargs)
     out = out or sweep_dir or os.path.dirname(os.path.abspath(csv[0]))
     summary_path = analysis.write_summary(out, summary)
     report_path = report.render(summary, out, runs, plans_dir=sweep_dir or out)
     return dict(summary.to_json(), summary_path=summary_path, report_path=report_path)
+
+
+def _load(sweep_dir, extra, fmt, overrides):
+    """Our own sweeps read as always (`analysis.load_runs`); other frameworks' through their
+    readers."""
+    if sweep_dir is None or fmt == "jaxrl":
+        return analysis.load_runs(sweep_dir, extra)
+    try:
+        sweep = readers.read_sweep_dir(sweep_dir, fmt, **overrides)
+    except FileNotFoundError as e:
+        raise analysis.AnalysisError(str(e)) from None
+    if sweep.format == "jaxrl":
+        return analysis.load_runs(sweep_dir, extra)
+    runs = sweep.runs + list(extra)
+    if not runs:
+        detail = "; ".join(f"{s['dir']}: {s['reason']}" for s in sweep.skipped) or \
+            "it is empty"
+        raise analysis.AnalysisError(f"no usable {sweep.format} runs in {sweep_dir!r}: {detail}")
+    return runs, sweep.skipped

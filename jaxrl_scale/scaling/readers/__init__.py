@@ -1,0 +1,114 @@
+"""Readers of other frameworks' logs into the analysis's run record (`scaling.io.Run`):
+one module per framework, the only format-specific code. Pure Python + numpy: no torch, no
+framework installed at analysis time.
+
+    sweep = read_sweep_dir(DIR, fmt="auto")    # one run per subdirectory, as read_sweep
+    # fmt: auto | jaxrl | trl | verl; overrides: responses_per_step, world_size,
+    # gradient_accumulation_steps, per_device_train_batch_size (TRL), train_batch_size,
+    # rollout_n (verl), score_key (the eval metric), algo
+
+Auto-detection by the files present: ``trainer_state.json`` (also in ``checkpoint-*/``) is TRL;
+a ``*.jsonl`` of ``{"step", "data"}`` records is verl's FileLogger (checked before our own
+``metrics.jsonl``, since verl users often name their log that); ``metrics.jsonl`` is ours.
+A sweep mixing frameworks is refused (`ReaderError`), as is a run whose batch cannot be
+determined; a run without evals or with an unreadable log is listed as skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from jaxrl_scale.scaling import io as sio
+from jaxrl_scale.scaling.readers import trl, verl
+from jaxrl_scale.scaling.readers.common import ReaderError, SkipRun, positive
+
+FORMATS = ("auto", "jaxrl", "trl", "verl")
+_READERS = {"trl": trl.read_run, "verl": verl.read_run}
+_WANT = {"trl": f"no {trl.STATE_FILE} (nor checkpoint-*/{trl.STATE_FILE})",
+         "verl": 'no verl FileLogger *.jsonl ({"step": s, "data": {...}} per line)',
+         "jaxrl": f"no {sio.METRICS_FILE}"}
+OVERRIDE_KEYS = ("responses_per_step", "world_size", "gradient_accumulation_steps",
+                 "per_device_train_batch_size", "train_batch_size", "rollout_n", "score_key",
+                 "algo")
+
+__all__ = ["FORMATS", "ReaderError", "FrameworkSweep", "detect_format", "read_sweep_dir"]
+
+
+@dataclasses.dataclass
+class FrameworkSweep(sio.Sweep):
+    format: str = "jaxrl"
+
+
+def detect_format(run_dir: str) -> str | None:
+    """"trl", "verl", "jaxrl" or None, from the files in ``run_dir``."""
+    if trl.is_run(run_dir):
+        return "trl"
+    if verl.is_run(run_dir):
+        return "verl"
+    if os.path.isfile(os.path.join(run_dir, sio.METRICS_FILE)):
+        return "jaxrl"
+    return None
+
+
+def _read(fmt: str, run_dir: str, overrides: dict) -> sio.Run:
+    if fmt == "jaxrl":
+        return sio.read_run(run_dir)
+    return _READERS[fmt](run_dir, **overrides)
+
+
+def read_sweep_dir(sweep_dir: str, fmt: str = "auto", **overrides) -> FrameworkSweep:
+    """Every subdirectory of ``sweep_dir`` in a known layout is a run (``sweep_dir`` itself,
+    when it is one); the others are listed as skipped with the reason. ``overrides`` (see
+    OVERRIDE_KEYS; None values ignored) supply what a log lacks. FileNotFoundError when the
+    directory is missing; ReaderError (one line naming the flag) for a mixed sweep, an
+    unknown format or an undeterminable batch."""
+    if fmt not in FORMATS:
+        raise ReaderError("format", f"unknown format {fmt!r}",
+                          f"pass one of {', '.join(FORMATS)}")
+    unknown = sorted(set(overrides) - set(OVERRIDE_KEYS))
+    if unknown:
+        raise TypeError(f"unknown override(s) {unknown}; known: {OVERRIDE_KEYS}")
+    overrides = {k: v for k, v in overrides.items() if v is not None and v != ""}
+    for k, v in overrides.items():
+        if k not in ("score_key", "algo") and positive(v) is None:
+            raise ReaderError(k, f"must be a positive number, got {v!r}",
+                              f"pass --{k}=<a positive number> or leave it out")
+    if not os.path.isdir(sweep_dir):
+        raise FileNotFoundError(f"sweep dir {sweep_dir!r} does not exist or is not a directory")
+    own = detect_format(sweep_dir)
+    if own is not None and fmt in ("auto", own):
+        dirs = [(os.path.basename(os.path.normpath(sweep_dir)), sweep_dir)]
+    else:
+        dirs = [(e, os.path.join(sweep_dir, e)) for e in sorted(os.listdir(sweep_dir))
+                if os.path.isdir(os.path.join(sweep_dir, e)) and not e.startswith((".", "_"))]
+    found, skipped = {}, []
+    for entry, d in dirs:
+        f = detect_format(d)
+        if f is None:
+            skipped.append({"dir": entry, "reason": _WANT[fmt] if fmt != "auto" else
+                            f"{_WANT['trl']}, {_WANT['verl']}, {_WANT['jaxrl']}"})
+        elif fmt not in ("auto", f):
+            skipped.append({"dir": entry, "reason": f"{_WANT[fmt]} (it is a {f} run)"})
+        else:
+            found[entry] = (f, d)
+    kinds = sorted({f for f, _ in found.values()})
+    if len(kinds) > 1:
+        which = "; ".join(f"{k}: " + ", ".join(e for e, (f, _) in found.items() if f == k)
+                          for k in kinds)
+        raise ReaderError("format", f"{sweep_dir} mixes runs from different frameworks "
+                          f"({which})", "analyse one framework's runs per sweep directory "
+                          "(move the others out, or pass --format=<one> to read only that "
+                          "framework's runs)")
+    runs = []
+    for entry, (f, d) in found.items():
+        try:
+            runs.append(_read(f, d, overrides))
+        except SkipRun as e:
+            skipped.append({"dir": entry, "reason": str(e)})
+        except (OSError, ValueError) as e:
+            if isinstance(e, ReaderError):
+                raise
+            skipped.append({"dir": entry, "reason": f"unreadable: {e}"})
+    return FrameworkSweep(runs, skipped, format=kinds[0] if kinds else
+                          (fmt if fmt != "auto" else "jaxrl"))

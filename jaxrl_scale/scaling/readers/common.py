@@ -1,0 +1,120 @@
+"""What every framework reader shares: the error a user must fix, config files, and turning
+per-step values into the analysis's run record (`scaling.io.Run`). Pure Python + numpy."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any
+
+from jaxrl_scale.numbers import is_number
+from jaxrl_scale.scaling import io as sio
+
+
+class ReaderError(ValueError):
+    """A log the analysis cannot use as it is. str() is ``<field>: <problem>. Fix: <fix>.``
+    (the layout of `experiment.config.ConfigError`; <field> is the flag that supplies what is
+    missing, when a flag can). The command prints it as one line and exits 2."""
+
+    def __init__(self, field: str, problem: str, fix: str):
+        self.field, self.problem, self.fix = field, problem, fix
+        super().__init__(f"{field}: {problem}. Fix: {fix}.")
+
+
+class SkipRun(Exception):
+    """A run directory that is listed as skipped, with this reason (e.g. no evals)."""
+
+
+def load_structured(path: str) -> Any:
+    """A YAML (PyYAML when installed) or JSON file; ValueError naming the file when it is
+    neither."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        json_err = e
+    try:
+        import yaml
+    except ImportError:
+        raise ValueError(f"{path}: not JSON ({json_err}) and PyYAML is not installed to read "
+                         "it as YAML") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+
+
+def config_files(run_dir: str, names: tuple[str, ...] = ()) -> list[str]:
+    """``names`` (relative paths) that exist in ``run_dir``, then every other top-level
+    .yaml/.yml/.json file, in a stable order."""
+    out = [os.path.join(run_dir, n) for n in names if os.path.isfile(os.path.join(run_dir, n))]
+    for pat in ("*.yaml", "*.yml", "*.json"):
+        for p in sorted(glob.glob(os.path.join(run_dir, pat))):
+            if p not in out:
+                out.append(p)
+    return out
+
+
+def nested_get(d: Any, dotted: str) -> Any:
+    """``d["a"]["b"]`` for "a.b"; also accepts a flat key "a.b"; None when absent."""
+    if not isinstance(d, dict):
+        return None
+    if dotted in d:
+        return d[dotted]
+    cur = d
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def positive(x: Any) -> float | None:
+    """A positive finite number (numbers written as strings too), else None."""
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, str):
+        try:
+            x = float(x)
+        except ValueError:
+            return None
+    return float(x) if is_number(x) and x > 0 else None
+
+
+def build_run(name: str, run_dir: str, framework: str, batch: float,
+              train: list[dict], evals: list[dict], *, algo: str | None = None,
+              warnings: list[str] = (), source: str) -> sio.Run:
+    """The analysis's run record from per-step records: ``train`` items carry ``step`` and
+    ``dt`` (wall seconds since the previous record, eval excluded) and optionally per-step
+    ``gen_s`` / ``train_s``; ``evals`` carry
+    ``step`` and ``score`` (and ``eval_n`` when known). Responses = step x batch (retained
+    responses per optimizer step), wall time = cumulative sum of dt."""
+    if not evals:
+        raise SkipRun(f"no eval scores in {source}")
+    records, t, prev = [], 0.0, 0
+    for r in sorted(train, key=lambda r: r["step"]):
+        s = r["step"]
+        if s <= prev:
+            continue
+        t += r["dt"]
+        rec = {"step": s, "responses": s * batch, "time_s": t}
+        for k in ("gen_s", "train_s"):
+            if is_number(r.get(k)):
+                rec[k] = float(r[k])
+        records.append(rec)
+        prev = s
+    if not records:
+        raise SkipRun(f"no step times in {source}")
+    for e in evals:
+        rec = {"step": e["step"], "responses": e["step"] * batch, "score": float(e["score"])}
+        if is_number(e.get("eval_n")):
+            rec["eval_n"] = e["eval_n"]
+        records.append(rec)
+    config = {"name": name, "batch_train": batch, "framework": framework}
+    if algo:
+        config["algo"] = algo
+    run = sio.make_run(name, records, config, path=run_dir)
+    run.warnings.extend(warnings)
+    return run
