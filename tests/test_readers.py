@@ -145,7 +145,6 @@ def test_trl_checkpoint_state_defaults_and_overrides(tmp_path):
     assert sweep.format == "trl" and run.batch == 16
     assert any("gradient_accumulation_steps not found" in w for w in run.warnings)
     assert any("world size not found" in w for w in run.warnings)
-    # The batch is a plain rescale of the responses axis: N* scales with it, q too.
     sweep = readers.read_sweep_dir(d, "trl", gradient_accumulation_steps=4, world_size=8)
     assert sweep.runs[0].batch == 512
     assert not any("not found" in w for w in sweep.runs[0].warnings)
@@ -344,3 +343,12 @@ def test_cli_format_flag(tmp_path):
     lines = [l for l in res.stderr.splitlines() if l.strip()]
     assert res.returncode == 2 and len(lines) == 1, res.stderr
     assert lines[0].startswith("error: responses_per_step: ") and ". Fix: " in lines[0]
+
+
+def test_trl_num_iterations_divides_new_responses(tmp_path):
+    d = write_trl_run(tmp_path, "a_s0", 16, 4, 8, 10000, 10.0)
+    _dump_yaml(os.path.join(d, "grpo_config.yaml"), {"per_device_train_batch_size": 16,
+                                                      "gradient_accumulation_steps": 4,
+                                                      "num_iterations": 2})
+    (run,) = readers.read_sweep_dir(d).runs
+    assert run.batch == 256 and any("num_iterations = 2" in w for w in run.warnings)

@@ -14,7 +14,8 @@ Responses per optimizer step = per_device_train_batch_size x gradient_accumulati
 world size (TRL's GRPO batch counts completions). They come from a TrainingArguments YAML/JSON
 beside the state (TRL's CLI ``--config``; an accelerate config's ``num_processes`` gives the
 world size), else TrainerState's ``train_batch_size`` (per device), else the overrides; the
-multipliers default to 1 with a warning. ``training_args.bin`` is a pickle and is never read.
+multipliers default to 1 with a warning; GRPOConfig ``num_iterations`` > 1 (each completion
+used for that many updates) divides the new responses per step. ``training_args.bin`` is a pickle and is never read.
 
 Wall time: cumulative ``step_time`` x steps since the previous entry; else entry timestamps
 (``timestamp``/``_timestamp``, when a callback added them); else ``train_runtime`` spread
@@ -59,7 +60,7 @@ def is_run(run_dir: str) -> bool:
 def _args(run_dir: str) -> tuple[dict, list[str]]:
     """Training-argument keys found beside the state: {key: value} and the files read."""
     keys = ("per_device_train_batch_size", "gradient_accumulation_steps", "world_size",
-            "num_processes", "algo")
+            "num_processes", "num_iterations")
     found, used = {}, []
     for p in config_files(run_dir):
         if os.path.basename(p) == STATE_FILE:
@@ -112,6 +113,11 @@ def responses_per_step(run_dir: str, state: dict, overrides: dict
         ws = 1.0
         warnings.append(f"world size not found ({src}; no num_processes or world_size); "
                         "assumed 1 (set --world_size)")
+    mu = positive(args.get("num_iterations"))
+    if mu and mu > 1:
+        warnings.append(f"num_iterations = {mu:g}: each completion is used {mu:g} times, so "
+                        f"new responses per optimizer step = batch / {mu:g}")
+        return pd * ga * ws / mu, warnings
     return pd * ga * ws, warnings
 
 
