@@ -44,9 +44,9 @@ def _load(sweep_dir, extra, fmt, overrides):
         sweep = readers.read_sweep_dir(sweep_dir, fmt, **overrides)
     except FileNotFoundError as e:
         raise analysis.AnalysisError(str(e)) from None
-    if sweep.format == "jaxrl":
-        return analysis.load_runs(sweep_dir, extra)
     runs = sweep.runs + list(extra)
+    if sweep.format == "jaxrl" and not runs:
+        return analysis.load_runs(sweep_dir, extra)     # its "no runs" message
     if not runs:
         detail = "; ".join(f"{s['dir']}: {s['reason']}" for s in sweep.skipped) or \
             "it is empty"

@@ -100,6 +100,9 @@ def read_sweep_dir(sweep_dir: str, fmt: str = "auto", **overrides) -> FrameworkS
                           f"({which})", "analyse one framework's runs per sweep directory "
                           "(move the others out, or pass --format=<one> to read only that "
                           "framework's runs)")
+    if kinds in ([], ["jaxrl"]) and fmt in ("auto", "jaxrl"):
+        own_sweep = sio.read_sweep(sweep_dir)     # ours: read exactly as always
+        return FrameworkSweep(own_sweep.runs, own_sweep.skipped, format="jaxrl")
     runs = []
     for entry, (f, d) in found.items():
         try:

@@ -13,9 +13,10 @@ averaged over the logging interval), eval entries (``eval_`` prefix: ``eval_rewa
 Responses per optimizer step = per_device_train_batch_size x gradient_accumulation_steps x
 world size (TRL's GRPO batch counts completions). They come from a TrainingArguments YAML/JSON
 beside the state (TRL's CLI ``--config``; an accelerate config's ``num_processes`` gives the
-world size), else TrainerState's ``train_batch_size`` (per device), else the overrides; the
-multipliers default to 1 with a warning; GRPOConfig ``num_iterations`` > 1 (each completion
-used for that many updates) divides the new responses per step. ``training_args.bin`` is a pickle and is never read.
+world size), else TrainerState's ``train_batch_size`` (per device); the overrides win over
+both; the multipliers default to 1 with a warning; GRPOConfig ``num_iterations`` > 1 (each
+completion used for that many updates) divides the new responses per step.
+``training_args.bin`` is a pickle and is never read.
 
 Wall time: cumulative ``step_time`` x steps since the previous entry; else entry timestamps
 (``timestamp``/``_timestamp``, when a callback added them); else ``train_runtime`` spread

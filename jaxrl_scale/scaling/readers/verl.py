@@ -171,8 +171,8 @@ def read_run(run_dir: str, name: str | None = None, **overrides) -> sio.Run:
         warnings.append(f"{path}: timing_s/step missing for some steps; their time is not "
                         "counted")
     algo = nested_get(config, "algorithm.adv_estimator")
-    algo = {"gae": "ppo"}.get(algo, algo) if isinstance(algo, str) else \
-        overrides.get("algo") or "grpo"
+    algo = overrides.get("algo") or ({"gae": "ppo"}.get(algo, algo) if isinstance(algo, str)
+                                     else "grpo")
     warnings.append(f"eval score from {key}; eval sample count not logged")
     return build_run(name, run_dir, "verl", batch, train, evals, algo=algo,
                      warnings=warnings, source=path)
