@@ -352,3 +352,29 @@ def test_trl_num_iterations_divides_new_responses(tmp_path):
                                                       "num_iterations": 2})
     (run,) = readers.read_sweep_dir(d).runs
     assert run.batch == 256 and any("num_iterations = 2" in w for w in run.warnings)
+
+
+def test_verl_elapsed_seconds_without_step_timing(tmp_path):
+    """Newer FileLogger lines carry "elapsed_seconds": the wall time when timing_s/step is
+    absent (validation time taken out)."""
+    d = write_verl_run(tmp_path, "a_s0", 64, 8, 10000, 10.0, val=True)
+    path = os.path.join(d, "metrics.jsonl")
+    lines = [json.loads(x) for x in open(path)]
+    t = 100.0                                   # setup before the first record: not counted
+    with open(path, "w") as f:
+        for rec in lines:
+            if rec["step"] > 0:
+                t += 51.2 + rec["data"].get("timing_s/testing", 0.0)
+            rec["data"].pop("timing_s/step", None)
+            f.write(json.dumps({"step": rec["step"], "elapsed_seconds": t,
+                                "data": rec["data"]}) + "\n")
+    (run,) = readers.read_sweep_dir(str(tmp_path)).runs
+    assert run.train[-1]["time_s"] == pytest.approx(40 * 51.2)
+    assert any("elapsed_seconds" in w for w in run.warnings)
+    # without the step-0 record the first step's time comes from the next interval's rate
+    with open(path) as f:
+        rest = f.readlines()[1:]
+    with open(path, "w") as f:
+        f.writelines(rest)
+    (run,) = readers.read_sweep_dir(str(tmp_path)).runs
+    assert run.train[-1]["time_s"] == pytest.approx(40 * 51.2)

@@ -13,10 +13,10 @@ validation metrics ``val-core/<data_source>/<var>/mean@<n>`` merged into the ste
 
 Responses per step = ``data.train_batch_size`` (prompts) x ``actor_rollout_ref.rollout.n``
 from ``.hydra/config.yaml`` or ``config.yaml`` in the run directory (YAML via PyYAML when
-installed, else JSON), else the overrides. Wall time = cumulative ``timing_s/step`` minus
-``timing_s/testing``; generation and update time per step from ``timing_s/gen`` and
-``timing_s/update_actor``. The eval score is the first ``val-core/.../mean@N`` key (sorted), or
-the chosen key. verl does not log the number of eval samples: eval noise is estimated from the
+installed, else JSON); the overrides win over it. Wall time = cumulative ``timing_s/step`` minus
+``timing_s/testing`` (without timing_s/step: the differences of ``elapsed_seconds``);
+generation and update time per step from ``timing_s/gen`` and ``timing_s/update_actor``.
+The eval score is the first ``val-core/.../mean@N`` key (sorted), or the chosen key. verl does not log the number of eval samples: eval noise is estimated from the
 curve.
 """
 
@@ -34,6 +34,7 @@ from jaxrl_scale.scaling.readers.common import (ReaderError, SkipRun, build_run,
 
 CONFIG_FILES = (os.path.join(".hydra", "config.yaml"), "config.yaml")
 _VAL_RE = re.compile(r"^val-core/.+/mean@\d+$")
+ELAPSED = "elapsed_seconds"   # the line's own key (not a metric), kept beside the step's data
 
 
 def _first_record(path: str):
@@ -122,7 +123,10 @@ def read_records(path: str) -> tuple[list[dict], int]:
                     and is_number(rec.get("step"))):
                 bad += 1
                 continue
-            by_step.setdefault(rec["step"], {"step": rec["step"]}).update(rec["data"])
+            merged = by_step.setdefault(rec["step"], {"step": rec["step"]})
+            merged.update(rec["data"])
+            if is_number(rec.get("elapsed_seconds")):
+                merged[ELAPSED] = rec["elapsed_seconds"]
     return [by_step[s] for s in sorted(by_step)], bad
 
 
@@ -164,7 +168,11 @@ def read_run(run_dir: str, name: str | None = None, **overrides) -> sio.Run:
             rec["train_s"] = r["timing_s/update_actor"]
         train.append(rec)
     if not train:
-        raise SkipRun(f"{path}: no timing_s/step in any record")
+        train = _elapsed_times(records)
+        if train:
+            warnings.append(f"{path}: no timing_s/step; wall time from elapsed_seconds")
+    if not train:
+        raise SkipRun(f"{path}: no timing_s/step (nor elapsed_seconds) in any record")
     steps = [r["step"] for r in train]
     gaps = sum(1 for a, b in zip(steps[:-1], steps[1:]) if b - a != 1)
     if gaps or steps[0] != 1:
@@ -176,3 +184,26 @@ def read_run(run_dir: str, name: str | None = None, **overrides) -> sio.Run:
     warnings.append(f"eval score from {key}; eval sample count not logged")
     return build_run(name, run_dir, "verl", batch, train, evals, algo=algo,
                      warnings=warnings, source=path)
+
+
+def _elapsed_times(records: list[dict]) -> list[dict]:
+    """Per-step ``dt`` from the FileLogger's ``elapsed_seconds`` (seconds since the logger
+    started), validation time (``timing_s/testing``) taken out; [] when it is not logged."""
+    pts = [r for r in records if is_number(r.get(ELAPSED))]
+    out = []
+    for a, b in zip(pts[:-1], pts[1:]):
+        if b["step"] <= 0:
+            continue
+        test = b.get("timing_s/testing")
+        rec = {"step": b["step"], "dt": b[ELAPSED] - a[ELAPSED]
+               - (test if is_number(test) else 0.0)}
+        if is_number(b.get("timing_s/gen")):
+            rec["gen_s"] = b["timing_s/gen"]
+        out.append(rec)
+    first = pts[0] if pts else None
+    if out and first["step"] > 0:
+        # No record before the first step's: its time (not the setup before it) at the next
+        # interval's rate.
+        rate = out[0]["dt"] / max(out[0]["step"] - first["step"], 1)
+        out.insert(0, {"step": first["step"], "dt": rate * first["step"]})
+    return out
