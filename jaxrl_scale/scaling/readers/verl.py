@@ -16,8 +16,8 @@ from ``.hydra/config.yaml`` or ``config.yaml`` in the run directory (YAML via Py
 installed, else JSON); the overrides win over it. Wall time = cumulative ``timing_s/step`` minus
 ``timing_s/testing`` (without timing_s/step: the differences of ``elapsed_seconds``);
 generation and update time per step from ``timing_s/gen`` and ``timing_s/update_actor``.
-The eval score is the first ``val-core/.../mean@N`` key (sorted), or the chosen key. verl does not log the number of eval samples: eval noise is estimated from the
-curve.
+The eval score is the first ``val-core/.../mean@N`` key (sorted), or the chosen key. verl does
+not log the number of eval samples: eval noise is estimated from the curve.
 """
 
 from __future__ import annotations
