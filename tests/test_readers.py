@@ -378,3 +378,14 @@ def test_verl_elapsed_seconds_without_step_timing(tmp_path):
         f.writelines(rest)
     (run,) = readers.read_sweep_dir(str(tmp_path)).runs
     assert run.train[-1]["time_s"] == pytest.approx(40 * 51.2)
+
+
+def test_bad_config_and_empty_sweep_name_the_file(tmp_path):
+    d = write_verl_run(tmp_path, "a_s0", 64, 8, 10000, 10.0)
+    with open(os.path.join(d, ".hydra", "config.yaml"), "w") as f:
+        f.write("data: {train_batch_size: [64\n")
+    with pytest.raises(AnalysisError) as e:
+        analyze_and_report(str(tmp_path), TARGET)
+    msg = str(e.value)
+    assert msg.startswith("no usable verl runs") and "a_s0: " in msg
+    assert os.path.join(d, ".hydra", "config.yaml") in msg and "\n" not in msg
