@@ -389,3 +389,17 @@ def test_bad_config_and_empty_sweep_name_the_file(tmp_path):
     msg = str(e.value)
     assert msg.startswith("no usable verl runs") and "a_s0: " in msg
     assert os.path.join(d, ".hydra", "config.yaml") in msg and "\n" not in msg
+
+
+def test_overrides_fill_gaps_only(tmp_path):
+    """--responses_per_step fills a run whose files lack the batch; a run whose config gives
+    it keeps its own (one flag for a sweep of several batches)."""
+    write_verl_run(tmp_path, "a_s0", 64, 8, 10000, 10.0)
+    write_verl_run(tmp_path, "b_s0", 128, 8, 10000, 10.0, config=False)
+    runs = {r.name: r.batch for r in readers.read_sweep_dir(str(tmp_path),
+                                                            responses_per_step=1024).runs}
+    assert runs == {"a_s0": 512, "b_s0": 1024}
+    t = tmp_path / "trl"
+    write_trl_run(t, "c_s0", 16, 4, 8, 10000, 10.0)
+    (run,) = readers.read_sweep_dir(str(t), responses_per_step=7, world_size=2).runs
+    assert run.batch == 512

@@ -13,8 +13,8 @@ averaged over the logging interval), eval entries (``eval_`` prefix: ``eval_rewa
 Responses per optimizer step = per_device_train_batch_size x gradient_accumulation_steps x
 world size (TRL's GRPO batch counts completions). They come from a TrainingArguments YAML/JSON
 beside the state (TRL's CLI ``--config``; an accelerate config's ``num_processes`` gives the
-world size), else TrainerState's ``train_batch_size`` (per device); the overrides win over
-both; the multipliers default to 1 with a warning; GRPOConfig ``num_iterations`` > 1 (each
+world size), else TrainerState's ``train_batch_size`` (per device); the overrides fill what
+they lack; the multipliers default to 1 with a warning; GRPOConfig ``num_iterations`` > 1 (each
 completion used for that many updates) divides the new responses per step.
 ``training_args.bin`` is a pickle and is never read.
 
@@ -84,17 +84,20 @@ def _args(run_dir: str) -> tuple[dict, list[str]]:
 
 def responses_per_step(run_dir: str, state: dict, overrides: dict
                        ) -> tuple[float, list[str]]:
-    """(responses per optimizer step, warnings); ReaderError naming the flag when the
-    per-device batch is nowhere."""
-    rps = positive(overrides.get("responses_per_step"))
-    if rps:
-        return rps, []
+    """(responses per optimizer step, warnings): the run's own files first, the overrides
+    for what they lack (``responses_per_step`` for the whole product); ReaderError naming the
+    flag when the per-device batch is nowhere."""
     args, used = _args(run_dir)
     src = ", ".join(used) or "no TrainingArguments YAML/JSON"
     warnings = []
-    pd = positive(overrides.get("per_device_train_batch_size")) or \
-        positive(args.get("per_device_train_batch_size")) or \
+    pd = positive(args.get("per_device_train_batch_size")) or \
         positive(state.get("train_batch_size"))
+    ga = positive(args.get("gradient_accumulation_steps"))
+    ws = positive(args.get("world_size")) or positive(args.get("num_processes"))
+    rps = positive(overrides.get("responses_per_step"))
+    if rps and not (pd and ga and ws):
+        return rps, []
+    pd = pd or positive(overrides.get("per_device_train_batch_size"))
     if pd is None:
         raise ReaderError(
             "responses_per_step",
@@ -103,13 +106,11 @@ def responses_per_step(run_dir: str, state: dict, overrides: dict
             "pass --responses_per_step=<per_device_train_batch_size x "
             "gradient_accumulation_steps x world size>, or put the run's TRL config YAML "
             "(per_device_train_batch_size, gradient_accumulation_steps) in its directory")
-    ga = positive(overrides.get("gradient_accumulation_steps")) or \
-        positive(args.get("gradient_accumulation_steps"))
+    ga = ga or positive(overrides.get("gradient_accumulation_steps"))
     if ga is None:
         ga = 1.0
         warnings.append(f"gradient_accumulation_steps not found ({src}); assumed 1")
-    ws = positive(overrides.get("world_size")) or positive(args.get("world_size")) or \
-        positive(args.get("num_processes"))
+    ws = ws or positive(overrides.get("world_size"))
     if ws is None:
         ws = 1.0
         warnings.append(f"world size not found ({src}; no num_processes or world_size); "

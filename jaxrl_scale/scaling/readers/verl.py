@@ -13,9 +13,10 @@ validation metrics ``val-core/<data_source>/<var>/mean@<n>`` merged into the ste
 
 Responses per step = ``data.train_batch_size`` (prompts) x ``actor_rollout_ref.rollout.n``
 from ``.hydra/config.yaml`` or ``config.yaml`` in the run directory (YAML via PyYAML when
-installed, else JSON); the overrides win over it. Wall time = cumulative ``timing_s/step`` minus
-``timing_s/testing`` (without timing_s/step: the differences of ``elapsed_seconds``);
-generation and update time per step from ``timing_s/gen`` and ``timing_s/update_actor``.
+installed, else JSON); the overrides fill what it lacks. Wall time = cumulative
+``timing_s/step`` minus ``timing_s/testing`` (without timing_s/step: the differences of
+``elapsed_seconds``); generation and update time per step from ``timing_s/gen`` and
+``timing_s/update_actor``.
 The eval score is the first ``val-core/.../mean@N`` key (sorted), or the chosen key. verl does
 not log the number of eval samples: eval noise is estimated from the curve.
 """
@@ -83,13 +84,15 @@ def read_config(run_dir: str) -> tuple[dict, str | None]:
 
 def responses_per_step(run_dir: str, config: dict, cpath: str | None, overrides: dict
                        ) -> float:
+    tbs = positive(nested_get(config, "data.train_batch_size"))
+    n = positive(nested_get(config, "actor_rollout_ref.rollout.n"))
+    if tbs and n:
+        return tbs * n
     rps = positive(overrides.get("responses_per_step"))
     if rps:
         return rps
-    tbs = positive(overrides.get("train_batch_size")) or \
-        positive(nested_get(config, "data.train_batch_size"))
-    n = positive(overrides.get("rollout_n")) or \
-        positive(nested_get(config, "actor_rollout_ref.rollout.n"))
+    tbs = tbs or positive(overrides.get("train_batch_size"))
+    n = n or positive(overrides.get("rollout_n"))
     if tbs and n:
         return tbs * n
     name = os.path.basename(os.path.normpath(run_dir))
