@@ -107,7 +107,7 @@ def trl_sweep(root):
     return str(root)
 
 
-def _check_known_answer(s, fmt):
+def _check_known_answer(s, fmt, rtol=1e-9):
     runs, configs = s["runs"], s["configs"]
     assert s["reference_config"] == "grpo_B512"
     for b, ns, q in SWEEP:
@@ -115,7 +115,7 @@ def _check_known_answer(s, fmt):
         c, x = configs[f"grpo_B{b}"], runs[f"grpo_B{b}_s0"]
         assert x["batch"] == b and x["batch_source"] == "config"
         np.testing.assert_allclose([c["N_star"], c["q"], c["r_N"], c["r_q"], c["T_over_T0"]],
-                                   [ns, q, rn, rq, tt], rtol=1e-9)
+                                   [ns, q, rn, rq, tt], rtol=rtol)
         assert c["verdict"] == verdict, (fmt, b)
     assert s["best_set"] == ["grpo_B2048"]
 
@@ -403,3 +403,42 @@ def test_overrides_fill_gaps_only(tmp_path):
     write_trl_run(t, "c_s0", 16, 4, 8, 10000, 10.0)
     (run,) = readers.read_sweep_dir(str(t), responses_per_step=7, world_size=2).runs
     assert run.batch == 512
+
+
+def _jsonl_to_events(run_dir, project="verl_grpo_gsm8k"):
+    """Replace a verl run's FileLogger JSONL by what its _TensorboardAdapter writes instead:
+    SummaryWriter(tensorboard_log/<project>/<experiment>).add_scalar(key, value, step) per
+    metric (one simple_value per event), with tensorboard's own record writer and protos."""
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.record_writer import RecordWriter
+    path = os.path.join(run_dir, "metrics.jsonl")
+    lines = [json.loads(x) for x in open(path)]
+    os.remove(path)
+    d = os.path.join(run_dir, "tensorboard_log", project, os.path.basename(run_dir))
+    os.makedirs(d)
+    with open(os.path.join(d, "events.out.tfevents.1700000000.host.1.0"), "wb") as f:
+        w = RecordWriter(f)
+        w.write(Event(wall_time=1.7e9, file_version="brain.Event:2").SerializeToString())
+        for rec in lines:
+            for k, v in rec["data"].items():
+                ev = Event(wall_time=1.7e9, step=rec["step"], summary=Summary(
+                    value=[Summary.Value(tag=k, simple_value=float(v))]))
+                w.write(ev.SerializeToString())
+        w.flush()
+
+
+def test_verl_tensorboard_known_answer(tmp_path):
+    pytest.importorskip("tensorboard")
+    root = verl_sweep(tmp_path)
+    for b, _, _ in SWEEP:
+        _jsonl_to_events(os.path.join(root, f"grpo_B{b}_s0"))
+    assert readers.detect_format(os.path.join(root, "grpo_B512_s0")) == "verl"
+    s = analyze_and_report(root, TARGET, tolerance=0.1)
+    _check_known_answer(s, "verl-tensorboard", rtol=1e-6)   # simple_value is float32
+    # our own runs keep their tensorboard/ copy of metrics.jsonl: still ours
+    write_synthetic_run(str(tmp_path / "own"), "grpo_B512_s0", 512, 10000, 10.0)
+    os.makedirs(tmp_path / "own" / "grpo_B512_s0" / "tensorboard")
+    open(tmp_path / "own" / "grpo_B512_s0" / "tensorboard" / "events.out.tfevents.1.h",
+         "wb").close()
+    assert readers.detect_format(str(tmp_path / "own" / "grpo_B512_s0")) == "jaxrl"

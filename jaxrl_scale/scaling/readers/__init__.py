@@ -9,7 +9,8 @@ framework installed at analysis time.
 
 Auto-detection by the files present: ``trainer_state.json`` (also in ``checkpoint-*/``) is TRL;
 a ``*.jsonl`` of ``{"step", "data"}`` records is verl's FileLogger (checked before our own
-``metrics.jsonl``, since verl users often name their log that); ``metrics.jsonl`` is ours.
+``metrics.jsonl``, since verl users often name their log that); ``metrics.jsonl`` is ours;
+TensorBoard event files without a ``metrics.jsonl`` are verl's TensorBoard logger.
 A sweep mixing frameworks is refused (`ReaderError`), as is a run whose batch cannot be
 determined; a run without evals or with an unreadable log is listed as skipped with the reason.
 """
@@ -26,7 +27,8 @@ from jaxrl_scale.scaling.readers.common import ReaderError, SkipRun, positive
 FORMATS = ("auto", "jaxrl", "trl", "verl")
 _READERS = {"trl": trl.read_run, "verl": verl.read_run}
 _WANT = {"trl": f"no {trl.STATE_FILE} (nor checkpoint-*/{trl.STATE_FILE})",
-         "verl": 'no verl FileLogger *.jsonl ({"step": s, "data": {...}} per line)',
+         "verl": 'no verl FileLogger *.jsonl ({"step": s, "data": {...}} per line) or '
+                 'TensorBoard event files',
          "jaxrl": f"no {sio.METRICS_FILE}"}
 OVERRIDE_KEYS = ("responses_per_step", "world_size", "gradient_accumulation_steps",
                  "per_device_train_batch_size", "train_batch_size", "rollout_n", "score_key",
@@ -47,7 +49,9 @@ def detect_format(run_dir: str) -> str | None:
     if verl.is_run(run_dir):
         return "verl"
     if os.path.isfile(os.path.join(run_dir, sio.METRICS_FILE)):
-        return "jaxrl"
+        return "jaxrl"     # ours (its tensorboard/ event files are a copy of metrics.jsonl)
+    if verl.event_files(run_dir):
+        return "verl"      # verl's TensorBoard logger alone
     return None
 
 
@@ -77,6 +81,10 @@ def read_sweep_dir(sweep_dir: str, fmt: str = "auto", **overrides) -> FrameworkS
     if not os.path.isdir(sweep_dir):
         raise FileNotFoundError(f"sweep dir {sweep_dir!r} does not exist or is not a directory")
     own = detect_format(sweep_dir)
+    if own == "verl" and not verl.is_run(sweep_dir) and any(
+            verl.event_files(os.path.join(sweep_dir, e)) for e in os.listdir(sweep_dir)
+            if os.path.isdir(os.path.join(sweep_dir, e))):
+        own = None    # event files found under its runs, not a run's own
     if own is not None and fmt in ("auto", own):
         dirs = [(os.path.basename(os.path.normpath(sweep_dir)), sweep_dir)]
     else:

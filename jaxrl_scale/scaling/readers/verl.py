@@ -1,4 +1,5 @@
-"""verl runs: the file logger's JSONL plus the run's Hydra config.
+"""verl runs: the file logger's JSONL (or its TensorBoard event files) plus the run's Hydra
+config.
 
 Layout followed: verl ``verl/utils/tracking.py`` ``FileLogger`` (``trainer.logger`` includes
 "file"; path from ``VERL_FILE_LOGGER_PATH``, else ``VERL_FILE_LOGGER_ROOT``/project/experiment
@@ -9,7 +10,9 @@ metric_utils.py`` (``compute_timing_metrics``, ``compute_data_metrics``): ``trai
 ``timing_s/step`` (the whole step, the validation inside it: ``timing_s/testing``),
 ``timing_s/gen``, ``timing_s/update_actor``, ``critic/score/mean``, ``perf/throughput``, and the
 validation metrics ``val-core/<data_source>/<var>/mean@<n>`` merged into the step's record (the
-``val_before_train`` record is step 0, before the first update).
+``val_before_train`` record is step 0, before the first update). Without a JSONL, the same
+tags from the event files of ``_TensorboardAdapter`` (``SummaryWriter.add_scalar(key, value,
+step)``, read with tensorboard's own event reader).
 
 Responses per step = ``data.train_batch_size`` (prompts) x ``actor_rollout_ref.rollout.n``
 from ``.hydra/config.yaml`` or ``config.yaml`` in the run directory (YAML via PyYAML when
@@ -70,6 +73,44 @@ def log_path(run_dir: str) -> str | None:
 
 def is_run(run_dir: str) -> bool:
     return log_path(run_dir) is not None
+
+
+def event_files(run_dir: str) -> list[str]:
+    """TensorBoard event files under ``run_dir`` (verl's ``_TensorboardAdapter`` writes them to
+    ``TENSORBOARD_DIR``, default ``tensorboard_log/<project>/<experiment>/``)."""
+    return sorted(glob.glob(os.path.join(run_dir, "**", "events.out.tfevents.*"),
+                            recursive=True))
+
+
+def read_event_records(run_dir: str) -> tuple[list[dict], str]:
+    """{step, tag: value} per step from the run's event files (tensorboard's own event
+    reader; scalars as ``torch.utils.tensorboard.SummaryWriter.add_scalar`` writes them:
+    ``simple_value``), and a description of the source."""
+    try:
+        from tensorboard.backend.event_processing.event_file_loader import (
+            LegacyEventFileLoader)
+    except ImportError:
+        raise SkipRun("TensorBoard event files need the tensorboard package (pip install "
+                      "tensorboard)") from None
+    files = event_files(run_dir)
+    by_step: dict[float, dict] = {}
+    for p in files:
+        try:
+            for ev in LegacyEventFileLoader(p).Load():
+                if not ev.HasField("summary"):
+                    continue
+                for v in ev.summary.value:
+                    if v.HasField("simple_value"):
+                        x = float(v.simple_value)
+                    elif v.HasField("tensor") and (v.tensor.float_val or v.tensor.double_val):
+                        x = float((v.tensor.float_val or v.tensor.double_val)[0])
+                    else:
+                        continue
+                    by_step.setdefault(ev.step, {"step": ev.step})[v.tag] = x
+        except Exception as e:     # a corrupt record: the reader's own error types vary
+            raise SkipRun(f"{p}: unreadable event file ({type(e).__name__}: {e})") from None
+    src = files[0] if len(files) == 1 else f"{len(files)} event files under {run_dir}"
+    return [by_step[s] for s in sorted(by_step)], src
 
 
 def read_config(run_dir: str) -> tuple[dict, str | None]:
@@ -137,15 +178,20 @@ def read_run(run_dir: str, name: str | None = None, **overrides) -> sio.Run:
     """One verl run directory as the analysis's run record (see the module docstring)."""
     name = name or os.path.basename(os.path.normpath(run_dir))
     path = log_path(run_dir)
-    if path is None:
-        raise SkipRun("no verl FileLogger JSONL ({\"step\", \"data\"} per line)")
+    if path is None and not event_files(run_dir):
+        raise SkipRun("no verl FileLogger JSONL ({\"step\", \"data\"} per line) and no "
+                      "TensorBoard event files")
     try:
         config, cpath = read_config(run_dir)
     except ValueError as e:
         raise SkipRun(str(e)) from None
     batch = responses_per_step(run_dir, config, cpath, overrides)
-    records, bad = read_records(path)
-    warnings = [f"{bad} unreadable line(s) in {path} (truncated?)"] if bad else []
+    if path is not None:
+        records, bad = read_records(path)
+        warnings = [f"{bad} unreadable line(s) in {path} (truncated?)"] if bad else []
+    else:
+        records, path = read_event_records(run_dir)
+        warnings = []
 
     keys = sorted({k for r in records for k in r if is_number(r.get(k))})
     chosen = overrides.get("score_key")
