@@ -71,10 +71,19 @@ def render(summary, out_dir: str, runs: Sequence[Run] = (), plans_dir: str | Non
     md += ["", "Source findings:", ""]
     md += [f"- ({k}) {claim}: **{status}**: {why}." for k, claim, status, why in
            source_findings(summary)]
-    md += ["", f"Intervals are {lvl} bootstrap intervals [lo, hi] ({UNBOUNDED}: unbounded, some "
-           "replicates never reach the target). T/T0 = r_N / r_q; a config is faster / slower "
-           "when the whole T/T0 interval is below / above 1. q is end-to-end throughput "
-           "(retained responses per second) over [0, N*].", ""]
+    if summary.familywise:   # issue 27: t intervals on log ratios, Holm over the sweep
+        how = (f"N* and q intervals are {lvl} bootstrap intervals [lo, hi] ({UNBOUNDED}: "
+               "unbounded, some replicates never reach the target); r_N, r_q and T/T0 intervals "
+               f"are {lvl} t intervals on log ratios (seed-paired where the configs share seeds, "
+               "variance pooled over the configs; bootstrap for a single seed). T/T0 = r_N / "
+               "r_q; faster / slower is a Holm-adjusted test over all configs of the sweep at "
+               f"family-wise error {fmt(1 - summary.ci_level, 2)}.")
+    else:                    # summaries recorded before family-wise verdicts
+        how = (f"Intervals are {lvl} bootstrap intervals [lo, hi] ({UNBOUNDED}: unbounded, some "
+               "replicates never reach the target). T/T0 = r_N / r_q; a config is faster / "
+               "slower when the whole T/T0 interval is below / above 1.")
+    md += ["", how + " q is end-to-end throughput (retained responses per second) over "
+           "[0, N*].", ""]
     partial = partial_rollout_lines(summary)
     if partial:
         md += ["## Partial rollout vs synchronous", "",
