@@ -231,7 +231,8 @@ def _with_ratio(group: str, k: float) -> str:
 
 
 def read_jsonl(path: str) -> tuple[list[dict], int]:
-    """Records of a JSONL file and the number of unreadable lines (e.g. a half-written tail)."""
+    """Records (JSON objects) of a JSONL file and the number of other lines (e.g. a half-written
+    tail)."""
     records, bad = [], 0
     with open(path) as f:
         for line in f:
@@ -245,6 +246,8 @@ def read_jsonl(path: str) -> tuple[list[dict], int]:
                 continue
             if isinstance(rec, dict):
                 records.append(rec)
+            else:   # valid JSON but not a record (a list, a number): counted, not dropped silently
+                bad += 1
     return records, bad
 
 

@@ -151,26 +151,16 @@ def read_records(path: str) -> tuple[list[dict], int]:
     """{step, **data} of each well-formed line, and the number of unreadable lines. A later
     record for the same step updates the earlier one (verl logs a step once; a resumed run
     logs it again)."""
+    records, bad = sio.read_jsonl(path)   # bad: lines that are not JSON objects
     by_step: dict[float, dict] = {}
-    bad = 0
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                bad += 1
-                continue
-            if not (isinstance(rec, dict) and isinstance(rec.get("data"), dict)
-                    and is_number(rec.get("step"))):
-                bad += 1
-                continue
-            merged = by_step.setdefault(rec["step"], {"step": rec["step"]})
-            merged.update(rec["data"])
-            if is_number(rec.get("elapsed_seconds")):
-                merged[ELAPSED] = rec["elapsed_seconds"]
+    for rec in records:
+        if not (isinstance(rec.get("data"), dict) and is_number(rec.get("step"))):
+            bad += 1
+            continue
+        merged = by_step.setdefault(rec["step"], {"step": rec["step"]})
+        merged.update(rec["data"])
+        if is_number(rec.get("elapsed_seconds")):
+            merged[ELAPSED] = rec["elapsed_seconds"]
     return [by_step[s] for s in sorted(by_step)], bad
 
 
