@@ -66,6 +66,19 @@ SWEEP_ROWS = [
     ("--group_sizes=1", "group_size"), ("--clip_low=-1", "clip_low"),
     ("--prompts=8,16 --base_prompts=16 --fixed_prompts=", "REACHED"),   # a good grid runs
 ]
+SFT_ROWS = [
+    ("--target_accuracy=2", "target_accuracy"), ("--target_accuracy=nan", "target_accuracy"),
+    ("--target_accuracy=0", "target_accuracy"), ("--target_accuracy=inf", "target_accuracy"),
+    ("--batch_size=0", "batch_size"), ("--max_steps=0", "max_steps"),
+    ("--max_steps=-3", "max_steps"), ("--lr=0", "lr"), ("--lr=inf", "lr"), ("--lr=nan", "lr"),
+    ("--fraction=0", "fraction"), ("--fraction=1.5", "fraction"),
+    ("--eval_every=0", "eval_every"), ("--max_steps=10 --eval_every=50", "eval_every"),
+    ("--eval_prompts=0", "eval_prompts"), ("--max_new_tokens=0", "max_new_tokens"),
+    ("--num_train_examples=0", "num_train_examples"),
+    ("--num_test_examples=0", "num_test_examples"), ("--max_prompt_len=-1", "max_prompt_len"),
+    ("--seed=-1", "seed"), ("--model=nope", "model"),
+    ("--max_steps=2 --eval_every=1", "REACHED"),                   # a good config runs
+]
 
 # One child process per command: parse each row, run main(), record how it ended.
 _CHILD = textwrap.dedent("""
@@ -86,7 +99,8 @@ _CHILD = textwrap.dedent("""
         err, code, t0 = io.StringIO(), None, time.perf_counter()
         try:
             with contextlib.redirect_stderr(err):
-                m.main([])
+                ret = m.main([])
+            code = ret
         except SystemExit as e:
             code = e.code
         except Reached:
@@ -149,8 +163,25 @@ def test_sweep_bad_inputs_one_line_each(tmp_path):
     _check(results, SWEEP_ROWS)
 
 
+def test_sft_bad_inputs_one_line_each(tmp_path):
+    assert len(SFT_ROWS) >= 16
+    results = _table(tmp_path, "jaxrl_scale.cli.sft", SFT_ROWS)
+    _check(results, SFT_ROWS)
+
+
+def test_sft_warmstart_refuses_before_caching(tmp_path):
+    """The library entry point validates too: a zero-batch run is never cached."""
+    from jaxrl_scale.experiment.config import ConfigError
+    from jaxrl_scale.experiment.sft import SFTConfig, sft_warmstart
+    with pytest.raises(ConfigError, match="^batch_size: "):
+        sft_warmstart(SFTConfig(batch_size=0, cache_dir=str(tmp_path / "c")))
+    assert not (tmp_path / "c").exists()
+
+
 @pytest.mark.parametrize("command, flag, field", [
-    ("jaxrl-train", "--gamma=1.5", "gamma"), ("jaxrl-sweep", "--prompts=0", "prompts")])
+    ("jaxrl-train", "--gamma=1.5", "gamma"), ("jaxrl-sweep", "--prompts=0", "prompts"),
+    ("jaxrl-sft", "--max_steps=0", "max_steps"),
+    ("jaxrl-analyze", "--n_boot=0", "n_boot")])
 def test_installed_command_exits_2_with_one_line(tmp_path, command, flag, field):
     """The real thing for one row per command: the console script, exit status 2, one line on
     stderr, no traceback, no run directory made."""
@@ -177,3 +208,95 @@ def test_every_command_is_installed_with_help():
         assert spec is not None, name
         with open(spec.origin) as f:
             assert f"def {func}(" in f.read(), name
+
+
+def _run_dir(root, name, train=None, evals=None, raw=None):
+    """A jaxrl run directory: config.json and metrics.jsonl (records, or raw lines)."""
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"name": name, "algo": "grpo", "batch_train": 64,
+                                               "lr_rule": "sqrt", "seed": 0}))
+    if train is None:
+        train = [{"step": s, "responses": 64 * s, "time_s": 1.0 * s} for s in range(1, 11)]
+    if evals is None:
+        evals = [{"step": s, "responses": 64 * s, "score": 0.1 + 0.08 * s} for s in (0, 5, 10)]
+    lines = raw if raw is not None else [json.dumps(r) for r in train + evals]
+    (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return d
+
+
+def _bad(tmp_path, name, **kw):
+    root = tmp_path / name
+    _run_dir(root, "grpo_P8_G8_sqrt_s0", **kw)
+    return root
+
+
+def test_analyze_bad_inputs_one_line_each(tmp_path):
+    good = tmp_path / "good"
+    _run_dir(good, "grpo_P8_G8_sqrt_s0")
+    T = lambda rs: [{"step": s, "responses": n, "time_s": t} for s, n, t in rs]   # noqa: E731
+    neg = _bad(tmp_path, "neg", train=T([(1, 64, 1.0), (2, -64, 2.0)]))
+    dec = _bad(tmp_path, "dec", train=T([(1, 64, 1.0), (2, 128, 2.0), (3, 100, 3.0)]))
+    tinf = _bad(tmp_path, "tinf", raw=['{"step": 1, "responses": 64, "time_s": 1.0}',
+                                       '{"step": 2, "responses": 128, "time_s": Infinity}',
+                                       '{"step": 2, "responses": 128, "score": 0.5}'])
+    tnan = _bad(tmp_path, "tnan", raw=['{"step": 1, "responses": 64, "time_s": NaN}',
+                                       '{"step": 1, "responses": 64, "score": 0.5}'])
+    tdec = _bad(tmp_path, "tdec", train=T([(1, 64, 5.0), (2, 128, 4.0)]))
+    rows = [
+        (f"--sweep_dir={good} --n_boot=0", "n_boot"), (f"--sweep_dir={good} --n_boot=99", "n_boot"),
+        (f"--sweep_dir={good} --n_boot=-5", "n_boot"), (f"--sweep_dir={good} --target=-1", "target"),
+        (f"--sweep_dir={good} --target=nan", "target"), (f"--sweep_dir={good} --target=inf", "target"),
+        (f"--sweep_dir={good} --target=high", "target"),
+        (f"--sweep_dir={good} --target=0.05", "target"),      # below every score: N* = 0
+        (f"--sweep_dir={good} --ci_level=1", "ci_level"),
+        (f"--sweep_dir={good} --ci_level=0", "ci_level"),
+        (f"--sweep_dir={good} --tolerance=-1", "tolerance"),
+        (f"--sweep_dir={good} --tolerance=nan", "tolerance"),
+        (f"--sweep_dir={good} --responses_per_step=0", "responses_per_step"),
+        (f"--sweep_dir={good} --world_size=0", "world_size"),
+        ("--n_boot=1000", "sweep_dir"),
+        (f"--sweep_dir={neg}", "responses"), (f"--sweep_dir={dec}", "responses"),
+        (f"--sweep_dir={tinf}", "time_s"), (f"--sweep_dir={tnan}", "time_s"),
+        (f"--sweep_dir={tdec}", "time_s"),
+        (f"--sweep_dir={tmp_path / 'nothing_here'}", "analysis"),
+    ]
+    results = _table(tmp_path, "jaxrl_scale.cli.analyze", rows)
+    _check(results, rows)
+    by = {r["row"]: r["stderr"] for r in results}
+    assert "metrics.jsonl step 2: is negative" in by[f"--sweep_dir={neg}"]
+    assert "step 3: decreases (100 after 128 at step 2)" in by[f"--sweep_dir={dec}"]
+    assert "step 2: is inf" in by[f"--sweep_dir={tinf}"]
+    assert str(neg) in by[f"--sweep_dir={neg}"]          # names the file
+
+
+def test_make_run_counts_what_it_ignores():
+    """NaN scores and string-typed numbers are ignored, counted, and listed in run.warnings."""
+    from jaxrl_scale.scaling import io as sio
+    recs = [{"step": 1, "responses": 64, "time_s": 1.0},
+            {"step": 2, "responses": "128", "time_s": 2.0},
+            {"step": 2, "responses": 128, "score": float("nan")},
+            {"step": 3, "responses": 192, "score": "0.5"},
+            {"step": 4, "responses": 256, "score": 0.5}]
+    run = sio.make_run("r", recs, {"batch_train": 64}, source="m.jsonl")
+    assert len(run.evals) == 1 and len(run.train) == 1
+    w = "\n".join(run.warnings)
+    assert "1 eval record(s) with a non-finite score ignored (first at step 2) in m.jsonl" in w
+    assert "1 record(s) with a string-typed 'responses' ignored (first at step 2)" in w
+    assert "1 record(s) with a string-typed 'score' ignored (first at step 3)" in w
+
+
+@pytest.mark.parametrize("recs, field, step", [
+    ([{"step": 1, "responses": -1, "time_s": 0.0}], "responses", 1),
+    ([{"step": 1, "responses": 9, "time_s": 0.0}, {"step": 2, "responses": 8, "time_s": 1.0}],
+     "responses", 2),
+    ([{"step": 4, "responses": 9, "time_s": float("inf")}], "time_s", 4),
+    ([{"step": 4, "responses": 9, "time_s": float("nan")}], "time_s", 4),
+    ([{"step": 1, "responses": 9, "time_s": 3.0}, {"step": 2, "responses": 10, "time_s": 1.0}],
+     "time_s", 2),
+])
+def test_make_run_refuses_nonsense(recs, field, step):
+    from jaxrl_scale.scaling import io as sio
+    with pytest.raises(sio.DataError) as e:
+        sio.make_run("r", recs, source="m.jsonl")
+    assert str(e.value).startswith(f"{field}: m.jsonl step {step}: ") and ". Fix: " in str(e.value)

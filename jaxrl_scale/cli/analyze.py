@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import sys
 
-from absl import app, flags
+from absl import flags
 
-from jaxrl_scale.cli import print_summary, run_main
+from jaxrl_scale.cli import one_line_errors, print_summary, run_main
 from jaxrl_scale.experiment.analyze import analyze_and_report
+from jaxrl_scale.scaling import io as sio
 from jaxrl_scale.scaling import readers
 from jaxrl_scale.scaling.analysis import AnalysisError
 
@@ -50,10 +51,47 @@ flags.DEFINE_string("score_key", None, "Eval metric to use (default: TRL eval_re
                     "the first val-core/.../mean@N).")
 
 
+MIN_BOOT = 100    # fewer replicates give no usable 5%/95% quantiles (0 removed every interval)
+
+
+def check_flags() -> None:
+    """ConfigError (one line, exit 2) for a flag the analysis cannot use; before any data."""
+    import math
+    from jaxrl_scale.experiment.config import ConfigError
+    if FLAGS.n_boot < MIN_BOOT:
+        raise ConfigError("n_boot", f"must be >= {MIN_BOOT} for the intervals, got "
+                          f"{FLAGS.n_boot}", f"set --n_boot >= {MIN_BOOT} (default 1000)")
+    if FLAGS.target.strip().lower() != "auto":
+        try:
+            t = float(FLAGS.target)
+        except ValueError:
+            raise ConfigError("target", f"must be 'auto' or a number, got {FLAGS.target!r}",
+                              "pass --target=auto or a score such as --target=0.6") from None
+        if not math.isfinite(t) or t < 0:
+            raise ConfigError("target", f"must be a finite score >= 0, got {FLAGS.target}",
+                              "pass --target=auto or a score such as --target=0.6")
+    if not (math.isfinite(FLAGS.ci_level) and 0 < FLAGS.ci_level < 1):
+        raise ConfigError("ci_level", f"must be in (0, 1), got {FLAGS.ci_level}",
+                          "set --ci_level in (0, 1), e.g. 0.9")
+    if not (math.isfinite(FLAGS.tolerance) and FLAGS.tolerance > 0):
+        raise ConfigError("tolerance", f"must be a finite number > 0, got {FLAGS.tolerance}",
+                          "set --tolerance > 0, e.g. 0.25")
+    rps = FLAGS.responses_per_step
+    if rps is not None and not (math.isfinite(rps) and rps > 0):
+        raise ConfigError("responses_per_step", f"must be a finite number > 0, got {rps}",
+                          "pass the responses per optimizer step, e.g. 64")
+    if FLAGS.world_size is not None and FLAGS.world_size < 1:
+        raise ConfigError("world_size", f"must be >= 1, got {FLAGS.world_size}",
+                          "pass the number of training processes, e.g. 8")
+
+
 def main(argv):
     del argv
-    if FLAGS.sweep_dir is None and not FLAGS.csv:
-        raise app.UsageError("give --sweep_dir or --csv")
+    with one_line_errors():
+        check_flags()
+        if FLAGS.sweep_dir is None and not FLAGS.csv:
+            from jaxrl_scale.experiment.config import ConfigError
+            raise ConfigError("sweep_dir", "no runs given", "pass --sweep_dir=DIR or --csv=FILE")
     try:
         summary = analyze_and_report(FLAGS.sweep_dir, FLAGS.target, FLAGS.reference,
                                      FLAGS.tolerance, FLAGS.fit_sigmoid, csv=FLAGS.csv,
@@ -66,9 +104,15 @@ def main(argv):
     except readers.ReaderError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except sio.DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except (AnalysisError, FileNotFoundError, ValueError) as e:
-        print(f"analyze.py: error: {e}", file=sys.stderr)
-        return 1
+        msg = str(e).rstrip(".")
+        if "Fix:" not in msg:   # one line, field first, with a Fix like every bad input
+            msg = f"analysis: {msg}. Fix: correct the input this names, then rerun"
+        print(f"error: {msg}.".replace("..", "."), file=sys.stderr)
+        return 2
     print_summary(summary)
     return 0
 

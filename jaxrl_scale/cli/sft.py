@@ -5,7 +5,7 @@
 
 
 from jaxrl_scale.cli import flagdefs, one_line_errors, quiet_logging, run_main
-from jaxrl_scale.experiment.sft import SFTConfig, sft_warmstart
+from jaxrl_scale.experiment.sft import SFTConfig, sft_warmstart, validate_sft
 
 flagdefs.define_from_dataclass(SFTConfig)
 
@@ -15,6 +15,7 @@ def main(argv):
     quiet_logging()
     with one_line_errors():
         cfg = flagdefs.build_from_flags(SFTConfig)
+        validate_sft(cfg)    # before any data, model or compile (and before the cache)
     path, info = sft_warmstart(cfg)
     print(f"warm-start checkpoint: {path}")
     print(f"held-out greedy accuracy {info['accuracy']:.3f} after {info['steps']} steps "

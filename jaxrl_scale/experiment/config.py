@@ -262,13 +262,23 @@ def check_fields(flat: dict[str, Any]) -> None:
     for name, v in flat.items():
         if name in _enums() and v not in _enums()[name]:
             raise _err(name, f"{v!r} is unknown", f"use one of {', '.join(_enums()[name])}")
-        if name not in RANGES:
+    check_ranges(flat, RANGES, INT_FIELDS)
+
+
+def check_ranges(flat: dict[str, Any], ranges: dict[str, tuple[float, float, bool]],
+                 int_fields) -> None:
+    """A ConfigError for the first field of `flat` outside its (lowest, highest, lowest
+    excluded) range in `ranges`, or not a (finite) number / integer."""
+    for name, v in flat.items():
+        if name not in ranges:
             continue
-        lo, hi, open_lo = RANGES[name]
-        kind = "an integer" if name in INT_FIELDS else "a number"
+        lo, hi, open_lo = ranges[name]
+        kind = "an integer" if name in int_fields else "a number"
         if isinstance(v, bool) or not isinstance(v, (int, float)) or \
-                (name in INT_FIELDS and not float(v).is_integer()):
+                (name in int_fields and not float(v).is_integer()):
             raise _err(name, f"must be {kind}, got {v!r}", f"pass --{name}=<{kind[2:]}>")
+        if v in (_INF, -_INF):
+            raise _err(name, f"must be finite, got {v}", f"pass a finite --{name}")
         if v != v or v < lo or v > hi or (open_lo and v == lo):
             left = "(" if open_lo else "["
             rng = f"{left}{lo:g}, {hi:g}]" if hi < _INF else (f"> {lo:g}" if open_lo

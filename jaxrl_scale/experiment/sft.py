@@ -101,8 +101,39 @@ def sft_path(cfg: SFTConfig) -> str:
     return os.path.join(os.path.expanduser(cfg.cache_dir), f"{cfg.task}_{cfg.key()}", "params")
 
 
+# SFTConfig's numeric fields: (lowest, highest, lowest excluded), as config.RANGES
+SFT_RANGES: dict[str, tuple[float, float, bool]] = {
+    **{k: (1, float("inf"), False) for k in ("batch_size", "max_steps", "eval_every",
+                                             "eval_prompts", "max_new_tokens",
+                                             "num_train_examples", "num_test_examples")},
+    **{k: (0, float("inf"), False) for k in ("max_prompt_len", "seed")},
+    "lr": (0, float("inf"), True), "fraction": (0, 1, True), "target_accuracy": (0, 1, True),
+}
+SFT_INT_FIELDS = {f.name for f in dataclasses.fields(SFTConfig) if f.type in ("int", int)}
+
+
+def validate_sft(cfg: SFTConfig) -> None:
+    """ConfigError (`<field>: <problem>. Fix: <fix>.`) for the first bad field; cheap (no data,
+    model or compile), so it runs before anything loads and before a cache entry is written."""
+    from jaxrl_scale.experiment.config import ConfigError, check_ranges
+    check_ranges(dataclasses.asdict(cfg), SFT_RANGES, SFT_INT_FIELDS)
+    if cfg.max_steps < cfg.eval_every:
+        raise ConfigError("eval_every", f"{cfg.eval_every} > max_steps {cfg.max_steps}: the "
+                          "run would never evaluate (accuracy 0)",
+                          "set --eval_every <= --max_steps")
+    if not isinstance(cfg.task_kwargs, dict):
+        raise ConfigError("task_kwargs", f"must be a JSON object, got {cfg.task_kwargs!r}",
+                          "pass --task_kwargs='{\"key\": value}'")
+    from jaxrl_scale.models.config import PRESETS
+    if cfg.model not in PRESETS:
+        raise ConfigError("model", f"{cfg.model!r} is not a model preset",
+                          f"use one of {', '.join(sorted(PRESETS))}")
+
+
 def sft_warmstart(cfg: SFTConfig, *, progress: bool = True, force: bool = False):
-    """Train (or reuse the cached) warm-start. Returns (checkpoint_dir, info dict)."""
+    """Train (or reuse the cached) warm-start. Returns (checkpoint_dir, info dict).
+    A ConfigError (validate_sft) before anything loads or is cached."""
+    validate_sft(cfg)
     out_dir = os.path.dirname(sft_path(cfg))
     info_path = os.path.join(out_dir, "info.json")
     if jax.process_count() > 1:

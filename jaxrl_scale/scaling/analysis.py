@@ -55,9 +55,11 @@ def parse_target(target: Any) -> float | str:
     try:
         t = float(target)
     except (TypeError, ValueError):
-        raise AnalysisError(f"target must be a number or 'auto', got {target!r}") from None
+        raise AnalysisError(f"target: must be a number or 'auto', got {target!r}. Fix: pass "
+                            "--target=auto or a score such as --target=0.6.") from None
     if not math.isfinite(t):
-        raise AnalysisError(f"target must be a finite number, got {target!r}")
+        raise AnalysisError(f"target: must be a finite number, got {target!r}. Fix: pass "
+                            "--target=auto or a finite score such as --target=0.6.")
     return t
 
 
@@ -360,10 +362,17 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
     if dup:
         raise AnalysisError(f"duplicate run names {dup}: rename the run directories or CSVs")
     if not 0 < ci_level < 1:
-        raise AnalysisError(f"ci_level must be in (0, 1), got {ci_level}")
+        raise AnalysisError(f"ci_level: must be in (0, 1), got {ci_level}. Fix: set "
+                            "--ci_level in (0, 1), e.g. 0.9.")
     warnings = [f"{r.name}: {w}" for r in runs for w in r.warnings]
     if not any(r.evals for r in runs):
         raise AnalysisError(f"no run has eval records (records with a 'score' field): {names}")
+    if isinstance(target, float):
+        lowest = min(float(np.min(r.eval_curve()[1])) for r in runs if r.evals)
+        if target < lowest:
+            raise AnalysisError(f"target: {target:g} is below every eval score (lowest "
+                                f"{lowest:g}), so N* would be 0 for every run. Fix: set "
+                                f"--target above {lowest:g}, or --target=auto.")
     for r in runs:
         if not r.evals:
             warnings.append(f"{r.name}: no eval records (no 'score' field); reported as not "

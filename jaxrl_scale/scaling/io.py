@@ -162,13 +162,67 @@ def batch_from_increments(train: list[dict]) -> float | None:
     return float(np.median(rates)) if rates else None
 
 
+class DataError(ValueError):
+    """Records the analysis refuses (nonsense, not noise). str() is one line:
+    `<field>: <file> step <step>: <problem>. Fix: <fix>.`"""
+
+    def __init__(self, field: str, where: str, step, problem: str, fix: str):
+        self.field, self.where, self.step = field, where, step
+        super().__init__(f"{field}: {where} step {step}: {problem}. Fix: {fix}.")
+
+
+_CUMULATIVE = ("responses", "time_s")   # cumulative counters: finite, >= 0, non-decreasing
+_NUMERIC = ("step", "responses", "time_s", "score")
+
+
+def check_records(records: list[dict], where: str) -> list[str]:
+    """Refuse (DataError) non-finite, negative or decreasing cumulative ``responses`` /
+    ``time_s`` (in file order, training and eval records separately); return warnings counting
+    what the analysis will ignore: non-finite scores and string-typed numeric fields."""
+    last: dict[tuple[bool, str], tuple[float, Any]] = {}
+    nan_scores, strings = [], {}
+    for r in records:
+        step = r.get("step", "?")
+        for k in _NUMERIC:
+            if isinstance(r.get(k), str):
+                strings.setdefault(k, []).append(step)
+        if isinstance(r.get("score"), (int, float, np.number)) and \
+                not isinstance(r.get("score"), bool) and not math.isfinite(r["score"]):
+            nan_scores.append(step)
+        for k in _CUMULATIVE:
+            v = r.get(k)
+            if not isinstance(v, (int, float, np.number)) or isinstance(v, bool):
+                continue
+            if not math.isfinite(v):
+                raise DataError(k, where, step, f"is {v}, not a finite number",
+                                f"fix or remove that record (a cumulative {k} is finite)")
+            if v < 0:
+                raise DataError(k, where, step, f"is negative ({v})",
+                                f"fix or remove that record (a cumulative {k} is >= 0)")
+            key = ("score" in r, k)
+            if key in last and v < last[key][0]:
+                raise DataError(k, where, step, f"decreases ({v} after {last[key][0]} at step "
+                                f"{last[key][1]})", f"{k} must be cumulative: fix the log, or "
+                                "split restarted runs into separate files")
+            last[key] = (v, step)
+    warnings = []
+    if nan_scores:
+        warnings.append(f"{len(nan_scores)} eval record(s) with a non-finite score ignored "
+                        f"(first at step {nan_scores[0]}) in {where}")
+    for k, steps in strings.items():
+        warnings.append(f"{len(steps)} record(s) with a string-typed {k!r} ignored "
+                        f"(first at step {steps[0]}) in {where}")
+    return warnings
+
+
 def make_run(name: str, records: Iterable[dict], config: dict | None = None,
-             path: str | None = None) -> Run:
+             path: str | None = None, source: str | None = None) -> Run:
     """Split records into training and eval, fill eval ``responses`` from ``step`` if needed,
-    and infer batch, lr rule, algo, seed and config group."""
+    and infer batch, lr rule, algo, seed and config group. DataError for nonsense records
+    (`check_records`; ``source`` names the file in the message, else ``path`` or ``name``)."""
     config = dict(config or {})
     records = [r for r in records if isinstance(r, dict)]
-    warnings: list[str] = []
+    warnings: list[str] = check_records(records, source or path or name)
     train = [r for r in records if "score" not in r and is_number(r.get("responses"))
                 and is_number(r.get("time_s"))]
     if not train:
@@ -263,7 +317,7 @@ def read_run(run_dir: str, name: str | None = None) -> Run:
         with open(cpath) as f:
             config = json.load(f)
     name = name or os.path.basename(os.path.normpath(run_dir))
-    run = make_run(name, records, config, path=run_dir)
+    run = make_run(name, records, config, path=run_dir, source=mpath)
     if bad:
         run.warnings.append(f"{bad} unreadable line(s) in {mpath}")
     return run
@@ -351,6 +405,8 @@ def read_sweep(sweep_dir: str) -> Sweep:
             continue
         try:
             runs.append(read_run(d))
+        except DataError:
+            raise           # nonsense data is refused, never skipped quietly
         except (OSError, ValueError) as e:
             skipped.append({"dir": entry, "reason": f"unreadable: {e}"})
     return Sweep(runs, skipped)

@@ -118,7 +118,7 @@ def read_sweep_dir(sweep_dir: str, fmt: str = "auto", **overrides) -> FrameworkS
         except SkipRun as e:
             skipped.append({"dir": entry, "reason": str(e)})
         except (OSError, ValueError) as e:
-            if isinstance(e, ReaderError):
+            if isinstance(e, (ReaderError, sio.DataError)):
                 raise
             skipped.append({"dir": entry, "reason": f"unreadable: {e}"})
     return FrameworkSweep(runs, skipped, format=kinds[0] if kinds else
