@@ -266,13 +266,18 @@ def test_analyze_main(tmp_path, capsys):
     sw = _sweep(tmp_path / "sw")
     for args, msg in [((f"--sweep_dir={sw}", "--target=0.5", "--reference=nope"),
                        "available runs"),
-                      ((f"--sweep_dir={sw}", "--target=abc"), "target must be a number"),
+                      ((f"--sweep_dir={sw}", "--target=abc"), "error: target: must be 'auto' or a number"),
                       ((f"--sweep_dir={tmp_path / 'missing'}", "--target=0.5"),
                        "does not exist")]:
         mod.FLAGS.unparse_flags()
         mod.FLAGS(["analyze.py", *args])
-        assert mod.main([]) == 1
-        assert msg in capsys.readouterr().err
+        try:
+            code = mod.main([])
+        except SystemExit as e:     # a bad flag: one line, exit 2, before any data
+            code = e.code
+        assert code == 2            # every analysis error: one line with a Fix, exit 2
+        err = capsys.readouterr().err
+        assert msg in err and ". Fix: " in err and len(err.strip().splitlines()) == 1
     mod.FLAGS.unparse_flags()
     mod.FLAGS(["analyze.py", f"--sweep_dir={sw}", "--target=0.5"])
     assert mod.main([]) == 0

@@ -160,7 +160,7 @@ def test_clear_errors(tmp_path):
     sw = _sweep(tmp_path / "sw")
     with pytest.raises(scaling.AnalysisError, match="not found; available runs.*grpo_B512"):
         scaling.analyze_sweep(sw, TARGET, reference="nope")
-    with pytest.raises(scaling.AnalysisError, match="target must be a number"):
+    with pytest.raises(scaling.AnalysisError, match="target: must be a number"):
         scaling.analyze_sweep(sw, "high")
     # a reference that misses the target is a finding, not an error
     assert scaling.analyze_sweep(sw, 0.5, reference="grpo_B4096_sqrt_s0")[
