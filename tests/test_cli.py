@@ -244,7 +244,8 @@ def test_analyze_bad_inputs_one_line_each(tmp_path):
                                        '{"step": 1, "responses": 64, "score": 0.5}'])
     tdec = _bad(tmp_path, "tdec", train=T([(1, 64, 5.0), (2, 128, 4.0)]))
     rows = [
-        (f"--sweep_dir={good} --n_boot=0", "n_boot"), (f"--sweep_dir={good} --n_boot=99", "n_boot"),
+        (f"--sweep_dir={good} --n_boot=0", "n_boot"), (f"--sweep_dir={good} --n_boot=19", "n_boot"),
+        (f"--sweep_dir={good} --ci_level=0.99 --n_boot=150", "n_boot"),
         (f"--sweep_dir={good} --n_boot=-5", "n_boot"), (f"--sweep_dir={good} --target=-1", "target"),
         (f"--sweep_dir={good} --target=nan", "target"), (f"--sweep_dir={good} --target=inf", "target"),
         (f"--sweep_dir={good} --target=high", "target"),

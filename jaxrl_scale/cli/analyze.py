@@ -51,16 +51,22 @@ flags.DEFINE_string("score_key", None, "Eval metric to use (default: TRL eval_re
                     "the first val-core/.../mean@N).")
 
 
-MIN_BOOT = 100    # fewer replicates give no usable 5%/95% quantiles (0 removed every interval)
+MIN_BOOT = 20    # fewer give no replicate beyond a 90% interval's 5%/95% quantiles (0 removed
+                 # every interval); a wider --ci_level needs more (check_flags)
 
 
 def check_flags() -> None:
     """ConfigError (one line, exit 2) for a flag the analysis cannot use; before any data."""
     import math
     from jaxrl_scale.experiment.config import ConfigError
-    if FLAGS.n_boot < MIN_BOOT:
-        raise ConfigError("n_boot", f"must be >= {MIN_BOOT} for the intervals, got "
-                          f"{FLAGS.n_boot}", f"set --n_boot >= {MIN_BOOT} (default 1000)")
+    if not (math.isfinite(FLAGS.ci_level) and 0 < FLAGS.ci_level < 1):
+        raise ConfigError("ci_level", f"must be in (0, 1), got {FLAGS.ci_level}",
+                          "set --ci_level in (0, 1), e.g. 0.9")
+    # each tail of a ci_level interval needs at least one replicate beyond its quantile
+    need = max(MIN_BOOT, math.ceil(2 / (1 - FLAGS.ci_level) - 1e-9))
+    if FLAGS.n_boot < need:
+        raise ConfigError("n_boot", f"must be >= {need} for {FLAGS.ci_level:g} intervals, got "
+                          f"{FLAGS.n_boot}", f"set --n_boot >= {need} (default 1000)")
     if FLAGS.target.strip().lower() != "auto":
         try:
             t = float(FLAGS.target)
@@ -70,9 +76,6 @@ def check_flags() -> None:
         if not math.isfinite(t) or t < 0:
             raise ConfigError("target", f"must be a finite score >= 0, got {FLAGS.target}",
                               "pass --target=auto or a score such as --target=0.6")
-    if not (math.isfinite(FLAGS.ci_level) and 0 < FLAGS.ci_level < 1):
-        raise ConfigError("ci_level", f"must be in (0, 1), got {FLAGS.ci_level}",
-                          "set --ci_level in (0, 1), e.g. 0.9")
     if not (math.isfinite(FLAGS.tolerance) and FLAGS.tolerance > 0):
         raise ConfigError("tolerance", f"must be a finite number > 0, got {FLAGS.tolerance}",
                           "set --tolerance > 0, e.g. 0.25")
