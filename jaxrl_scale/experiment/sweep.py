@@ -553,9 +553,10 @@ def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
         return {"errors": errors}
     from jaxrl_scale.experiment.analyze import analyze_and_report
     from jaxrl_scale.scaling.analysis import AnalysisError
+    from jaxrl_scale.scaling.io import DataError
     try:
         summary = analyze_and_report(sweep.sweep_dir, target=sweep.target)
-    except AnalysisError as e:  # the runs are safe on disk; say why there is no report
+    except (AnalysisError, DataError) as e:  # the runs are safe on disk; say why there is no report
         return {"errors": errors, "analysis_error": str(e)}
     summary["errors"] = errors
     summary["lr_tune"] = lrs
