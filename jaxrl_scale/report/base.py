@@ -29,18 +29,6 @@ def _ci(ci) -> tuple:
     return iv.lo, iv.hi
 
 
-def _below(ci, v) -> bool:
-    return Interval.of(ci).below(v)
-
-
-def _above(ci, v) -> bool:
-    return Interval.of(ci).above(v)
-
-
-def _contains(ci, v) -> bool:
-    return Interval.of(ci).contains(v)
-
-
 def _level(s: Summary) -> str:
     return f"{s.ci_level:.0%}"
 

@@ -371,17 +371,6 @@ def _cap_text(larger: list, info: dict) -> str:
     return s
 
 
-def measured_r_q_cap(configs: dict, algo: str, ref_batch: float) -> dict:
-    """{"r_q", "r_q_ci", "config"}: the largest measured r_q among the algo's configs above B0."""
-    meas = [(st["r_q"], g, st) for g, st in configs.items() if (st["algo"] or "?") == algo
-            and (st.get("batch") or 0) > (ref_batch or 0) and is_number(st.get("r_q"))
-            and not st.get("is_reference")]
-    if not meas:
-        return {"r_q": None, "r_q_ci": [None, None], "config": None}
-    rq, g, st = max(meas, key=lambda m: m[0])
-    return {"r_q": rq, "r_q_ci": st.get("r_q_ci"), "config": g}
-
-
 PER_ALGO: dict[str, Callable[[_Ctx], tuple]] = {
     "sqrt_lr_invariance": sqrt_lr_invariance,
     "fixed_lr_lags": fixed_lr_lags,
