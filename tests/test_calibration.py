@@ -6,6 +6,7 @@ target, q = N* / t(N*)) pushed through `familywise.sweep_tests`, the function
 two paths agree. Slow version (-m slow): `calibration.calibrate`, every sweep through
 `analyze_runs` (rates recorded in results/calibration/README.md).
 """
+import dataclasses
 import math
 
 import numpy as np
@@ -61,14 +62,15 @@ def test_full_analysis_agrees_with_the_fast_path():
     assert r["min_detectable_r_N"] and 1.0 < r["min_detectable_r_N"] < 2.0
 
 
-def test_power_line_warns_when_n_star_sits_before_the_second_eval():
+def test_power_line_warns_when_few_evals_fall_before_n_star():
     from jaxrl_scale.scaling.analysis import analyze_runs
     from jaxrl_scale.report.design import power_lines
     rng = np.random.default_rng(3)
     s = analyze_runs(cal.simulate_runs(cal.DEFAULT, rng), "auto", n_boot=20)
     line = power_lines(s)[0]
     assert line.startswith("Power [grpo]: with 3 seeds") and "Caution: the median run" in line
-    s = analyze_runs(cal.simulate_runs(cal.POWERED, rng), "auto", n_boot=20)
+    dense = dataclasses.replace(cal.POWERED, eval_every=512)   # >= 6 evals before N*
+    s = analyze_runs(cal.simulate_runs(dense, rng), "auto", n_boot=20)
     assert "Caution" not in power_lines(s)[0]
 
 

@@ -53,17 +53,22 @@ def power_lines(summary: Summary | dict) -> list[str]:
     return out
 
 
+MIN_EVALS_BEFORE_N_STAR = 6   # issue 27 item 2: where N* is decided by evals, not by shape
+
+
 def _few_evals_note(s: Summary, algo: str) -> str:
-    """N* read off a straight line between the first two evals biases r_N toward 1 (issue 27
-    item 2): the stated power is then optimistic."""
+    """Between two sparse evals N* comes from the monotone cubic's guess of the curve's bend
+    (from the neighbouring evals), not from measurements: say so when the median run has
+    fewer than MIN_EVALS_BEFORE_N_STAR evals before its N*."""
     k = sorted(x.evals_before_N_star for x in s.runs.values()
                if (x.algo or "?") == algo and x.evals_before_N_star is not None)
-    if not k or k[len(k) // 2] >= 3:
+    if not k or k[len(k) // 2] >= MIN_EVALS_BEFORE_N_STAR:
         return ""
-    return (f" Caution: the median run has only {k[len(k) // 2]} eval(s) before its "
-            "N*, so N* interpolates a concave curve between few points and r_N is biased "
-            "toward 1: the real power is lower (results/calibration: 0.40-0.44 at r_N = 1.5 "
-            "for the default design, not 0.8).")
+    return (f" Caution: the median run has only {k[len(k) // 2]} eval(s) before its N* "
+            f"(fewer than {MIN_EVALS_BEFORE_N_STAR}), so N* rests on the curve's shape between "
+            "evals more than on evals, and r_N can lean toward 1 (its error on curves of known "
+            "shape: results/n_star); evaluate more often (--eval_every_responses) to decide "
+            "N* by evals.")
 
 
 def drift_lines(summary: Summary | dict) -> list[str]:

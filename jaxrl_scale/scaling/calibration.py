@@ -24,6 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
+from jaxrl_scale.scaling import stats
 from jaxrl_scale.scaling.io import make_run, Run
 
 
@@ -167,7 +168,7 @@ def _rate(x) -> dict:
 
 # ----------------------------------------------------------------------------- fast path
 # The CI version: the same simulation, vectorised over sweeps, with the per-run estimates of
-# `analysis.run_stats` (weighted isotonic fit, its first crossing of the auto target, q =
+# `analysis.run_stats` (weighted isotonic fit, its monotone-cubic crossing of the auto target, q =
 # N* / t(N*)) computed on arrays, then the same decision function `analyze_runs` calls
 # (`familywise.sweep_tests`) per sweep. `one_sweep` / `calibrate` are the full path.
 
@@ -188,19 +189,6 @@ def isotonic_batch(y: np.ndarray, w: np.ndarray) -> np.ndarray:
         inner = np.nanmin(m[:, : i + 1, i:], axis=2)          # min over k >= i, per j <= i
         out[:, i] = np.max(inner, axis=1)
     return out
-
-
-def first_crossing_batch(n: np.ndarray, fit: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """`stats.first_crossing` per row (target per row); +inf where never reached."""
-    above = fit >= target[:, None]
-    hit = above.any(1)
-    i = np.argmax(above, 1)
-    im = np.maximum(i - 1, 0)
-    r = np.arange(fit.shape[0])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        frac = (target - fit[r, im]) / (fit[r, i] - fit[r, im])
-    x = np.where(i == 0, n[0], n[im] + frac * (n[i] - n[im]))
-    return np.where(hit, x, np.inf)
 
 
 def simulate_estimates(design: Design, n_sweeps: int, rng: np.random.Generator,
@@ -231,7 +219,8 @@ def simulate_estimates(design: Design, n_sweeps: int, rng: np.random.Generator,
     reach = fit[:, 0, :, -1].min(1)
     se_ref = np.median(np.median(se[:, 0], axis=2), axis=1)
     target = np.round(start + np.maximum(target_fraction * (reach - start), min_se * se_ref), 4)
-    N = first_crossing_batch(ev, fit.reshape(-1, E), np.repeat(target, C * K)).reshape(S, C, K)
+    N = stats.monotone_crossing_batch(ev, fit.reshape(-1, E),
+                                      np.repeat(target, C * K)).reshape(S, C, K)
     q = np.empty((S, C, K))
     for c, (name, batch, _) in enumerate(design.configs):
         qc = design.q * q_ratio.get(name, 1.0)
