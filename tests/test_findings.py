@@ -166,3 +166,51 @@ def test_grad_norm_slope_from_its_interval():
     assert _grad([-0.3, -0.1]).status == "not reproduced"
     assert _grad([-0.3, -0.1], flat=128).status == "undetermined"
     assert _grad([-0.6, -0.4]).numbers[0]["slope_ci"] == [-0.6, -0.4]
+
+
+def _timed_runs(gen_per_row, upd_per_row, batches=(64, 128, 256), seeds=2, d0=0.02):
+    """Runs with a known step cost: gen_s = d0 + gen_per_row * B, train_s = upd_per_row * B,
+    curves that reach the auto target (so the analysis runs end to end)."""
+    from jaxrl_scale.scaling.io import make_run
+    runs = []
+    for B in batches:
+        for k in range(seeds):
+            g, u = d0 + gen_per_row * B, upd_per_row * B
+            recs, t = [], 0.0
+            for i in range(1, 4096 // B + 1):
+                t += g + u + 0.001
+                recs.append({"step": i, "responses": i * B, "time_s": t, "gen_s": g,
+                             "train_s": u})
+            recs += [{"step": n // B, "responses": n, "score": 0.2 + 0.1 * (1 - np.exp(
+                -n / (1500.0 * (1 + 0.05 * k)))), "eval_n": 24000} for n in range(0, 4097, 512)]
+            runs.append(make_run(f"grpo_P{B // 8}_G8_sqrt_s{k}", recs, {
+                "algo": "grpo", "base_batch": 128, "batch_train": B, "lr_rule": "sqrt",
+                "seed": k}))
+    return runs
+
+
+@pytest.mark.parametrize("gen,upd,want", [(4e-3, 1e-3, "generation-bound"),
+                                          (5e-4, 3e-3, "update-bound")])
+def test_regime_is_stated_before_any_verdict(gen, upd, want):
+    from jaxrl_scale.report.design import design_lines
+    from jaxrl_scale.scaling.analysis import analyze
+    s = analyze(_timed_runs(gen, upd), "auto", n_boot=50)
+    r = s.algos["grpo"].regime
+    B = 128
+    step = 0.02 + gen * B + upd * B + 0.001
+    assert r["regime"] == want and r["batch"] == B and r["runs"] == 2
+    assert r["gen_share"] == pytest.approx((0.02 + gen * B) / step, rel=1e-6)
+    assert r["update_share"] == pytest.approx(upd * B / step, rel=1e-6)
+    assert r["d1"] == pytest.approx(gen, rel=1e-6) and r["d0"] == pytest.approx(0.02, abs=1e-6)
+    first = design_lines(s)[0]
+    assert first.startswith(f"Regime [grpo]: {want} at the reference batch B = 128")
+    assert s.to_json()["algos"]["grpo"]["regime"]["regime"] == want
+
+
+def test_regime_unknown_without_generation_times():
+    from jaxrl_scale.report.design import regime_lines
+    from jaxrl_scale.scaling import calibration as cal
+    from jaxrl_scale.scaling.analysis import analyze
+    s = analyze(cal.simulate_runs(cal.DEFAULT, np.random.default_rng(0)), "auto", n_boot=20)
+    assert s.algos["grpo"].regime["regime"] == "unknown"
+    assert "gen_s" in s.algos["grpo"].regime["reason"] and regime_lines(s) == []

@@ -1,11 +1,44 @@
-"""The report's first lines about the design itself (issue 27 items 1, 5, 6): the lr
-bracket, the power of the design under family-wise control, and whether machine drift is
-controlled. They only render fields of the Summary, before any verdict."""
+"""The report's first lines about the design itself (issue 27 items 1, 3, 5, 6): the regime
+the machine is in, the lr bracket, the power of the design under family-wise control, and
+whether machine drift is controlled. They only render fields of the Summary, before any
+verdict."""
 
 from __future__ import annotations
 
-from jaxrl_scale.numbers import fmt
+from jaxrl_scale.numbers import fmt, fmt_ci
 from jaxrl_scale.scaling.summary import Summary, as_summary
+
+
+def _pct(x) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def regime_lines(summary: Summary | dict) -> list[str]:
+    """Per algorithm: generation-bound or update-bound at the reference batch, with the
+    shares of a step and the fitted decode cost d0 + d1 B_gen (nothing when the logs have no
+    generation and update times)."""
+    s = as_summary(summary)
+    out = []
+    for algo, a in sorted(s.algos.items()):
+        r = a.regime
+        if not r:
+            continue
+        if r.get("regime") == "unknown":   # summary.json keeps the reason; no line to act on
+            continue
+        g_lo, g_hi = r["gen_share_range"]
+        u_lo, u_hi = r["update_share_range"]
+        spread = (lambda lo, hi: f", {_pct(lo)}-{_pct(hi)} over {r['runs']} runs"
+                  if r["runs"] > 1 else "")
+        line = (f"Regime [{algo}]: {r['regime']} at the reference batch B = {fmt(r['batch'])}: "
+                f"generation {fmt(r['gen_s'])} s ({_pct(r['gen_share'])} of a step"
+                f"{spread(g_lo, g_hi)}), update {fmt(r['update_s'])} s "
+                f"({_pct(r['update_share'])}{spread(u_lo, u_hi)})")
+        if r.get("d1") is not None:
+            line += (f"; one decode round of B_gen sequences takes d0 + d1 B_gen, d0 = "
+                     f"{fmt_ci(r['d0'], r.get('d0_ci'))} s, d1 = "
+                     f"{fmt_ci(r['d1'], r.get('d1_ci'))} s")
+        out.append(line + ".")
+    return out
 
 
 def lr_lines(summary: Summary | dict) -> list[str]:
@@ -84,5 +117,6 @@ def drift_lines(summary: Summary | dict) -> list[str]:
 
 
 def design_lines(summary: Summary | dict) -> list[str]:
-    """lr bracket, power, drift: the lines the report opens with."""
-    return lr_lines(summary) + power_lines(summary) + drift_lines(summary)
+    """regime, lr bracket, power, drift: the lines the report opens with."""
+    return (regime_lines(summary) + lr_lines(summary) + power_lines(summary)
+            + drift_lines(summary))

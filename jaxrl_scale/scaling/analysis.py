@@ -482,6 +482,8 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
                 [r for r in runs if (r.algo or "?") == algo], costs, n_boot, rng, ci_level,
                 min_gain, ref.get("batch")),
         }
+        per_algo[algo]["regime"] = step_cost.regime(rs, costs,
+                                                    per_algo[algo]["critical_generation_batch"])
     # Last: its bootstrap draws must not move the numbers above.
     partial = partial_rollout(configs, creps, groups, reps, rng, ci_level)
     p = per_algo[primary]

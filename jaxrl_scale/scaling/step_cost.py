@@ -322,3 +322,35 @@ def fit_runs(runs: Sequence[Run], costs: dict, n_boot: int, rng, level: float,
         out["train_fit"] = train
     return out
 
+
+
+def regime(ref_runs: Sequence[Run], costs: dict, fit: dict) -> dict:
+    """Where a step's time goes at the reference batch (issue 27 item 3), stated before any
+    verdict: a larger generation batch buys throughput only where generation is a large part
+    of a step, as in real LLM RL.
+
+    Per reference run: median generation seconds (``gen_s``) and update seconds (``train_s``)
+    per step, as shares of the median step time; the regime is "generation-bound" when the
+    median generation share is at least the update share. ``fit``: `fit_runs`' d0, d1 with
+    intervals, quoted beside. "unknown" when the logs carry no generation/update times."""
+    rows = []
+    for r in ref_runs:
+        c = costs[r.name]
+        g, u, s = c.get("collection_s_per_step"), c.get("train_s_per_step"), c.get("step_s")
+        if c.get("collection_source") == "gen_s" and is_number(g) and is_number(u) and (
+                is_number(s) and s > 0):
+            rows.append((g / s, u / s, g, u, s))
+    out = {"batch": ref_runs[0].batch if ref_runs else None, "runs": len(rows),
+           "regime": "unknown", "d0": fit.get("d0"), "d0_ci": fit.get("d0_ci"),
+           "d1": fit.get("d1"), "d1_ci": fit.get("d1_ci")}
+    if not rows:
+        out["reason"] = "the reference's logs have no per-step gen_s and train_s"
+        return out
+    gs, us, g, u, s = (np.array(x, float) for x in zip(*rows))
+    gen_share, upd_share = float(np.median(gs)), float(np.median(us))
+    out.update(gen_share=gen_share, gen_share_range=[float(gs.min()), float(gs.max())],
+               update_share=upd_share, update_share_range=[float(us.min()), float(us.max())],
+               gen_s=float(np.median(g)), update_s=float(np.median(u)),
+               step_s=float(np.median(s)),
+               regime="generation-bound" if gen_share >= upd_share else "update-bound")
+    return out

@@ -205,6 +205,7 @@ class AlgoSummary:
     grad_norm: dict = None
     best_set: list = None
     critical_generation_batch: dict = None
+    regime: dict | None = _opt()   # where a step's time goes at B0 (issue 27 item 3)
 
     def to_json(self) -> dict:
         return _json(self)
