@@ -84,13 +84,16 @@ class SweepConfig:
 STUDIES: dict[str, dict[str, Any]] = {
     # GRPO, 5 batches over 16x (64..1024 responses), reference B0 = 128 (P=16 x G=8) with its
     # lr tuned first, sqrt lr, the fixed-lr control at B = 256 and 512, the equal-P*G pair
-    # 32 x 4 beside the reference, 3 seeds: 24 runs (measured wall time: README).
-    "default": {},
+    # 32 x 4 beside the reference, 3 seeds: 24 runs (measured wall time: README). Then an
+    # interleaved timing pass, 8 rounds over the batches, that r_q comes from (issue 27 item 5:
+    # a slow spell of the machine during one config's back-to-back seeds cannot fake it).
+    "default": {"timing_steps": 8},
     # The default's runs (reused when run in the same --sweep_dir) plus B = 32, a second pair
     # (8 x 16) and a PPO sweep over P = 64..1024 with its own tuned lr (actor and critic
     # noise scales): 45 GRPO/PPO runs and 6 tuning runs.
     "full": {"algos": ("grpo", "ppo"), "prompts": (4, 8, 16, 32, 64, 128),
-             "pairs": ((32, 4), (8, 16)), "ppo_prompts": (64, 128, 256, 512, 1024)},
+             "pairs": ((32, 4), (8, 16)), "ppo_prompts": (64, 128, 256, 512, 1024),
+             "timing_steps": 8},
 }
 
 
