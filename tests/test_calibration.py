@@ -1,6 +1,6 @@
 """Issue 27 item 8: the analysis' decisions on simulated sweeps with a known truth.
 
-CI version: vectorised simulation of the per-run estimates (isotonic crossing of the auto
+CI version: vectorised simulation of the per-run estimates (monotone-cubic crossing of the auto
 target, q = N* / t(N*)) pushed through `familywise.sweep_tests`, the function
 `analysis.analyze_runs` takes its verdicts from; a few full `analyze_runs` sweeps check the
 two paths agree. Slow version (-m slow): `calibration.calibrate`, every sweep through
