@@ -92,7 +92,9 @@ def render(summary, out_dir: str, runs: Sequence[Run] = (), plans_dir: str | Non
                "q ratio = q_k / q_sync (end-to-end responses per second), r_N = N*_k / "
                "N*_sync, T ratio = T_k / T_sync = r_N / q ratio, with "
                f"{lvl} intervals from the same seed bootstrap as T/T0; faster / slower when "
-               "the whole T ratio interval is below / above 1.", ""]
+               "the T ratio's bootstrap p-value, Holm-adjusted over all these comparisons, is "
+               f"below {fmt(1 - summary.ci_level, 2)} (a sweep where partial rollout changes "
+               "nothing calls a difference at most that often).", ""]
         md += [f"- {x}" for x in partial] + [""]
     if summary.sweep_dir:
         md += [f"Sweep: `{summary.sweep_dir}`. References: " + ", ".join(

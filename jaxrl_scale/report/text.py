@@ -221,9 +221,9 @@ def _answer(summary: Summary) -> tuple[list[str], list[str]]:
     return main, finds
 
 
-PARTIAL_VERDICTS = {"faster": "FASTER (the T ratio interval is below 1)",
-                    "slower": "SLOWER (the T ratio interval is above 1)",
-                    "indistinguishable": "indistinguishable (the T ratio interval contains 1)"}
+PARTIAL_VERDICTS = {"faster": "FASTER (Holm over the partial-rollout comparisons)",
+                    "slower": "SLOWER (Holm over the partial-rollout comparisons)",
+                    "indistinguishable": "indistinguishable (no family-wise difference)"}
 ROLLOUT_TEXT = (("staleness_mean", "mean staleness {} versions"), ("staleness_max", "max {}"),
                 ("off_policy_token_frac", "off-policy tokens {}"),
                 ("slot_occupancy", "slot occupancy {}"))

@@ -87,7 +87,7 @@ def partial_rollout(configs: dict, creps: dict, groups: dict, reps: dict, rng,
                     level: float) -> list[dict]:
     """Partial rollout (B_gen = k * B_train) against its synchronous twin, per config with
     k > 1: q, N* and T ratios (k-run / sync run) with the configs' seed-hierarchical bootstrap
-    replicates, a verdict from the T ratio's interval (as `config_stats` judges T/T0), the
+    replicates, a verdict under Holm over all the comparisons (`familywise_rows`), the
     learning curves against each other (stale tokens may cost samples) and the rollout
     records' means."""
     rows = []
@@ -111,4 +111,31 @@ def partial_rollout(configs: dict, creps: dict, groups: dict, reps: dict, rng,
             "T_ratio_ci": t_ci, "verdict": _verdict(both, t_ci),
             "curves": invariance(groups[g], groups[h], reps, rng, level),
             **{k: st.get(k) for k in ROLLOUT_KEYS}})
-    return rows
+    return familywise_rows(rows, [stats.ratio(creps[x["config"]]["T"],
+                                              creps[x["sync_config"]]["T"]) for x in rows], level)
+
+
+def familywise_rows(rows: list[dict], t_reps: Sequence[np.ndarray], level: float) -> list[dict]:
+    """Holm over the sweep's partial-rollout comparisons (issue 27 item 4): each T ratio gets
+    a two-sided bootstrap p-value of 1 (`familywise.bootstrap_p`), Holm-adjusted over the
+    comparisons, and a Bonferroni-simultaneous interval; "verdict" is faster / slower only
+    where the adjusted p is below 1 - level, so a sweep whose partial rollout changes nothing
+    calls a difference at most 1 - level of the time however many k it tries. The
+    per-comparison verdict stays as verdict_per_comparison."""
+    from jaxrl_scale.scaling.familywise import bootstrap_p, holm
+    m = len(rows)
+    alpha = 1 - level
+    p = [bootstrap_p(r) if x["reached"] else math.nan for x, r in zip(rows, t_reps)]
+    adj = holm(p)
+    out = []
+    for x, r, pi, pa in zip(rows, t_reps, p, adj):
+        v = x["verdict"]
+        if x["reached"]:
+            ratio = x["T_ratio"]
+            v = ("indistinguishable" if not (pa < alpha) else
+                 "faster" if is_number(ratio) and ratio < 1 else "slower")
+        out.append({**x, "verdict_per_comparison": x["verdict"], "verdict": v,
+                    "p_value": or_none(pi), "p_holm": or_none(pa),
+                    "T_ratio_sci": stats.quantile_ci(r, 1 - alpha / max(m, 1)) if x[
+                        "reached"] else [None, None]})
+    return out
