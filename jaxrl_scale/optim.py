@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-LR_RULES = ("fixed", "linear", "sqrt")
+LR_RULES = ("fixed", "linear", "sqrt", "tuned")
 ADAM_RULES = ("malladi",) + LR_RULES
 
 
@@ -39,6 +39,8 @@ def scaled_lr(base_lr: float, batch: int, base_batch: int, rule: str) -> float:
 
       fixed:  lr0            linear: lr0 * kappa (Goyal et al. 2017, SGD)
       sqrt:   lr0 * sqrt(kappa)  (Adam; Malladi et al. 2022; the source's re-tuning rule)
+      tuned:  lr0, where lr0 was tuned at `batch` itself (the sweep's per-batch re-tuning
+              option: the source's recommendation, against which the rules are measured)
 
     batch and base_batch count responses per update (P * G for GRPO), not prompts.
     """
@@ -47,7 +49,7 @@ def scaled_lr(base_lr: float, batch: int, base_batch: int, rule: str) -> float:
     if not base_lr > 0:
         raise ValueError(f"base_lr must be positive, got base_lr={base_lr}")
     kappa = _kappa(batch, base_batch)
-    if rule == "fixed":
+    if rule in ("fixed", "tuned"):
         return float(base_lr)
     if rule == "linear":
         return float(base_lr) * kappa
@@ -62,7 +64,7 @@ def scaled_adam_hparams(base: AdamHParams, batch: int, base_batch: int,
     "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms"), kappa = batch/base_batch:
       lr -> sqrt(kappa) lr,  b1 -> 1 - kappa (1 - b1),  b2 -> 1 - kappa (1 - b2),
       eps -> eps / sqrt(kappa).
-    "fixed", "linear", "sqrt" scale only lr (see `scaled_lr`). Batches count responses
+    "fixed", "linear", "sqrt", "tuned" scale only lr (see `scaled_lr`). Batches count responses
     per update (P * G), not prompts.
     """
     if rule not in ADAM_RULES:

@@ -86,3 +86,66 @@ def test_sweep_extend_tuning_adds_the_lr_beyond_the_best_edge(tmp_path):
     assert sw.extend_tuning(sweep, base, tune + more) == []
     t = sw.choose_lrs(sweep, tune + more, 1)["grpo"]
     assert t["lr"] == 1e-4 and t["lr_tuning"]["bracketed"] and t["lr_tuning"]["extensions"] == 1
+
+
+def test_retune_lr_per_batch_tunes_every_batch_and_runs_its_own_lr(tmp_path):
+    """The source's recommendation as a study option: the grid at every batch, bracketed per
+    batch, a "tuned" config per batch with that batch's best lr (exactly that lr), the cost
+    recorded, and the report line comparing it with the sqrt rule."""
+    import json
+    import os
+    from jaxrl_scale.experiment import sweep as sw
+    from jaxrl_scale.experiment.config import TrainConfig
+    from jaxrl_scale.optim import scaled_lr
+    from jaxrl_scale.report.design import retune_lines
+    from jaxrl_scale.scaling import lr_bracket
+    sweep = sw.SweepConfig(sweep_dir=str(tmp_path), prompts=(8, 16, 32), base_prompts=16,
+                           fixed_prompts=(), pairs=(), tune_lrs=(1e-4, 2e-4, 4e-4),
+                           retune_lr_per_batch=True)
+    base = TrainConfig()
+    best = {64: 1e-4, 128: 2e-4, 256: 4e-4}          # known optimum per batch
+
+    def fake(cfgs):
+        for c in cfgs:
+            B, lr = c.batch_train, c.optim.base_lr
+            score = 0.3 - abs(math.log(lr / best[B]))   # peaks at best[B]
+            os.makedirs(c.run_dir, exist_ok=True)
+            with open(os.path.join(c.run_dir, "metrics.jsonl"), "w") as f:
+                for n in (0, 1024, 2048):
+                    f.write(json.dumps({"step": n // B, "responses": n, "time_s": n / 1000,
+                                        "score": score * n / 2048, "eval_s": 2.0}) + "\n")
+
+    tune = sw.tune_plan(sweep, base)
+    assert sorted({c.batch_train for c in tune}) == [64, 128, 256] and len(tune) == 9
+    assert {c.optim.lr_rule for c in tune if c.batch_train != 128} == {"tuned"}
+    assert {os.path.basename(c.run_dir) for c in tune if c.batch_train == 128} == {
+        "grpo_P16_G8_lr0.0001", "grpo_P16_G8_lr0.0002", "grpo_P16_G8_lr0.0004"}
+    fake(tune)
+    more = sw.extend_tuning(sweep, base, tune)     # 64's best is its grid's lowest, 256's top
+    assert sorted((c.batch_train, c.optim.base_lr) for c in more) == [(64, 5e-5), (256, 8e-4)]
+    fake(more)
+    assert sw.extend_tuning(sweep, base, tune + more) == []
+    lrs, runs = sw._tuned_plan(sweep, base, tune + more, 1)
+    assert lrs["grpo"]["lr"] == 2e-4
+    tuned = {c.batch_train: c for c in runs if c.optim.lr_rule == "tuned"}
+    assert sorted(tuned) == [64, 256]               # at B0 the tuned config is the sqrt one
+    for B, c in tuned.items():
+        assert scaled_lr(c.optim.base_lr, B, c.optim.base_batch, "tuned") == best[B]
+    rec = json.load(open(os.path.join(str(tmp_path), sw.TUNE_FILE)))
+    assert rec["tuned_per_batch"]["grpo"]["64"]["bracketed"]
+    cost = rec["tuning_cost"]["grpo"]
+    assert cost["64"] == {"runs": 4, "responses": 4 * 2048, "wall_s": 4 * (2.048 + 6.0)}
+    ex = lr_bracket.read_tuning_extras(str(tmp_path))
+    # The report line on a real Summary (a simulated sweep whose reference batch is 128) with
+    # this sweep's tuning records.
+    from jaxrl_scale.scaling import calibration as cal
+    from jaxrl_scale.scaling.analysis import analyze
+    import dataclasses
+    import numpy as np
+    s = analyze(cal.simulate_runs(cal.DEFAULT, np.random.default_rng(0)), "auto", n_boot=20)
+    s = dataclasses.replace(s, lr_tuning_per_batch=ex["per_batch"], lr_tuning_cost=ex["cost"])
+    (line,) = retune_lines(s)
+    assert retune_lines(s.to_json()) == [line]      # the same from summary.json's dict
+    assert line.startswith("Learning rate per batch [grpo] (re-tuned at every batch")
+    assert "B=64: 0.0001 (sqrt rule: 0.000141)" in line and "B=256: 0.0004 (sqrt rule: 0.000283)" in line
+    assert "Tuning cost: 11 runs" in line and "against 3 runs" in line

@@ -48,6 +48,10 @@ SWEEP_HELP = {
     "eval_every_responses": "evaluate about every this many retained responses",
     "tune_lrs": "base lrs tried at the reference batch first (empty: --base_lr)",
     "tune_responses": "budget of each lr-tuning run",
+    "retune_lr_per_batch": "also tune the lr at every batch of the grid (the source's "
+                           "recommendation) and run a config per batch with its own tuned lr "
+                           "(rule 'tuned'); the report compares it with the lr rules and "
+                           "states what the tuning cost",
     "timing_steps": "timed steps per batch of an interleaved timing pass after the runs "
                     "(0: none; r_q then comes from in-run step times, drift not controlled)",
     "tune_factor": "the lr grid is extended by this factor beyond its best edge",

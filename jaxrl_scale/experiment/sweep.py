@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from jaxrl_scale import sharding as shd
 from jaxrl_scale.experiment.common import write_json
+from jaxrl_scale.numbers import is_number
 from jaxrl_scale.experiment.config import (ALGOS, ConfigError, TrainConfig, check_mesh,
                                            check_resume, validate)
 from jaxrl_scale.experiment.train import is_finished, run_training
@@ -66,6 +67,9 @@ class SweepConfig:
     tune_responses: int = 6144         # response budget of each tuning run
     tune_factor: float = 2.0           # the grid grows by this factor beyond its best edge
     tune_max_extensions: int = 3       # rounds of extension until the best lr is interior
+    retune_lr_per_batch: bool = False  # the source's recommendation: tune the lr at every batch
+                                       # of the grid too, and add a config per batch run with
+                                       # its own tuned lr (rule "tuned") beside the lr rules
     timing_steps: int = 0              # > 0: an interleaved timing pass after the runs
                                        # (timing.json; the analysis takes r_q from it)
     target: float | str = "auto"       # analysis target J* ("auto": from the reference)
@@ -123,6 +127,9 @@ def _points(sweep: SweepConfig) -> list[tuple[str, int, int, str]]:
                    for P in sweep.prompts]
             pts += [(algo, P, G, r) for r in sweep.lr_rules for P, G in sweep.pairs]
             pts += [(algo, P, G0, "fixed") for P in sweep.fixed_prompts]
+        if sweep.retune_lr_per_batch:
+            G = 1 if algo == "ppo" else G0
+            pts += [(algo, B // G, G, "tuned") for B in tune_batches(sweep, algo)]
         out += pts
     seen, uniq = set(), []
     for p in out:
@@ -138,17 +145,33 @@ def _reference_batch(sweep: SweepConfig, algo: str) -> int:
     return sweep.base_batch()
 
 
-def plan(sweep: SweepConfig, base: TrainConfig, base_lrs: dict[str, float] | None = None
-         ) -> list[TrainConfig]:
+def tune_batches(sweep: SweepConfig, algo: str) -> list[int]:
+    """Batches the lr is tuned at: the reference's, or (retune_lr_per_batch) every batch of
+    the algorithm's P grid at its base G, the reference first."""
+    B0 = _reference_batch(sweep, algo)
+    if not sweep.retune_lr_per_batch:
+        return [B0]
+    if algo == "ppo":
+        grid = {P for P in (sweep.ppo_prompts or sweep.prompts)}
+    else:
+        G0 = sweep.base_group or min(sweep.group_sizes)
+        grid = {P * G0 for P in sweep.prompts}
+    return [B0] + sorted(grid - {B0})
+
+
+def plan(sweep: SweepConfig, base: TrainConfig, base_lrs: dict[str, float] | None = None,
+         batch_lrs: dict[tuple[str, int], float] | None = None) -> list[TrainConfig]:
     """Every run of the study as a TrainConfig, seeds innermost, gen_batch_ratios outermost
-    (the synchronous study first, as it was without the axis). The fixed-lr run at the
-    reference batch is the sqrt run (same lr), so it is run once. ``base_lrs`` {algo: lr}
-    replaces base.optim.base_lr (the tuned lr)."""
+    (the synchronous study first, as it was without the axis). The fixed-lr (and tuned-lr)
+    run at the reference batch is the sqrt run (same lr), so it is run once. ``base_lrs``
+    {algo: lr} replaces base.optim.base_lr (the tuned lr); ``batch_lrs`` {(algo, B): lr}, the
+    lr tuned at B itself, is the base lr of the "tuned" configs."""
     runs, seen = [], set()
     for k, (algo, P, G, rule) in itertools.product(sweep.gen_batch_ratios, _points(sweep)):
         B0 = _reference_batch(sweep, algo)
         B = P * G
-        eff_rule = "sqrt" if (B == B0 and rule in ("fixed", "linear")) else rule
+        eff_rule = "sqrt" if (B == B0 and rule in ("fixed", "linear", "tuned")) else rule
+        lr = (batch_lrs or {}).get((algo, B)) if eff_rule == "tuned" else None
         for seed in sweep.seeds:
             name = run_name(algo, P, G, eff_rule, seed, k)
             if name in seen:
@@ -158,7 +181,7 @@ def plan(sweep: SweepConfig, base: TrainConfig, base_lrs: dict[str, float] | Non
                 run_dir=os.path.join(sweep.sweep_dir, name), algo=algo,
                 prompts_per_step=P, group_size=G, lr_rule=eff_rule, seed=seed,
                 gen_batch_ratio=k,
-                base_batch=B0, base_lr=(base_lrs or {}).get(algo, base.optim.base_lr),
+                base_batch=B0, base_lr=lr or (base_lrs or {}).get(algo, base.optim.base_lr),
                 max_responses=sweep.max_responses, max_steps=10 ** 9,
                 eval_every=max(1, sweep.eval_every_responses // B),
                 checkpoint_every=max(1, 2 * sweep.eval_every_responses // B),
@@ -171,23 +194,27 @@ def tune_plan(sweep: SweepConfig, base: TrainConfig) -> list[TrainConfig]:
     rollout (the lr is tuned once; partial rollout is a system change measured against it)."""
     runs = []
     for algo in sweep.algos:
-        for lr in sweep.tune_lrs:
-            runs.append(tune_run(sweep, base, algo, lr))
+        for B in tune_batches(sweep, algo):
+            for lr in sweep.tune_lrs:
+                runs.append(tune_run(sweep, base, algo, lr, B))
     return runs
 
 
-def tune_run(sweep: SweepConfig, base: TrainConfig, algo: str, lr: float) -> TrainConfig:
-    """The tuning run of one (algo, base lr) at the reference batch."""
+def tune_run(sweep: SweepConfig, base: TrainConfig, algo: str, lr: float,
+             batch: int | None = None) -> TrainConfig:
+    """The tuning run of one (algo, lr) at `batch` (default: the reference batch), with lr
+    exactly `lr` there (rule sqrt at B0, "tuned" elsewhere)."""
     B0 = _reference_batch(sweep, algo)
+    B = batch or B0
     G = 1 if algo == "ppo" else (sweep.base_group or min(sweep.group_sizes))
-    name = f"{algo}_P{B0 // G}_G{G}_lr{lr:g}"
+    name = f"{algo}_P{B // G}_G{G}_lr{lr:g}"
     return base.replace(
         run_dir=os.path.join(sweep.sweep_dir, TUNE_DIR, name), algo=algo,
-        prompts_per_step=B0 // G, group_size=G, lr_rule="sqrt", seed=0, base_batch=B0,
-        gen_batch_ratio=1,
+        prompts_per_step=B // G, group_size=G, lr_rule="sqrt" if B == B0 else "tuned", seed=0,
+        base_batch=B0, gen_batch_ratio=1,
         base_lr=lr, max_responses=sweep.tune_responses, max_steps=10 ** 9,
-        eval_every=max(1, sweep.eval_every_responses // 2 // B0),
-        checkpoint_every=max(1, sweep.eval_every_responses // B0),
+        eval_every=max(1, sweep.eval_every_responses // 2 // B),
+        checkpoint_every=max(1, sweep.eval_every_responses // B),
         target=0.0, target_margin=0.0)
 
 
@@ -196,13 +223,15 @@ def extend_tuning(sweep: SweepConfig, base: TrainConfig, tune: list[TrainConfig]
     """Tuning runs to add: per algo whose best lr is at an edge of its scored grid, the edge
     times / divided by tune_factor (scaling.lr_bracket.extension); [] when all bracketed."""
     from jaxrl_scale.scaling import lr_bracket
-    have = {(c.algo, c.optim.base_lr) for c in tune}
+    have = {(c.algo, c.batch_train, c.optim.base_lr) for c in tune}
     out = []
     for algo in sweep.algos:
-        scores = {c.optim.base_lr: tune_score(c.run_dir) for c in tune if c.algo == algo}
-        for lr in lr_bracket.extension(scores, sweep.tune_factor):
-            if (algo, lr) not in have:
-                out.append(tune_run(sweep, base, algo, lr))
+        for B in tune_batches(sweep, algo):
+            scores = {c.optim.base_lr: tune_score(c.run_dir) for c in tune
+                      if c.algo == algo and c.batch_train == B}
+            for lr in lr_bracket.extension(scores, sweep.tune_factor):
+                if (algo, B, lr) not in have:
+                    out.append(tune_run(sweep, base, algo, lr, B))
     return out
 
 
@@ -225,13 +254,53 @@ def choose_lrs(sweep: SweepConfig, tune_runs: list[TrainConfig], extensions: int
     bracket, extensions}}} from finished tuning runs (highest score)."""
     out = {}
     for algo in sweep.algos:
-        scores = {c.optim.base_lr: tune_score(c.run_dir) for c in tune_runs if c.algo == algo}
+        B0 = _reference_batch(sweep, algo)
+        scores = {c.optim.base_lr: tune_score(c.run_dir) for c in tune_runs
+                  if c.algo == algo and c.batch_train == B0}
         ok = {lr: s for lr, s in scores.items() if s is not None}
         if ok:
             from jaxrl_scale.scaling import lr_bracket
             out[algo] = {"lr": max(ok, key=lambda lr: (ok[lr], -lr)), "scores": scores,
                          "criterion": "mean of the monotone-smoothed eval curve",
                          "lr_tuning": lr_bracket.lr_tuning(scores, extensions)}
+    return out
+
+
+def choose_batch_lrs(sweep: SweepConfig, tune_runs: list[TrainConfig], extensions: int = 0
+                     ) -> dict[str, dict[int, dict]]:
+    """retune_lr_per_batch: {algo: {B: lr_tuning record}} from the tuning runs at every
+    batch (the reference's too); {} without the option."""
+    from jaxrl_scale.scaling import lr_bracket
+    if not sweep.retune_lr_per_batch:
+        return {}
+    out: dict[str, dict[int, dict]] = {}
+    for algo in sweep.algos:
+        for B in tune_batches(sweep, algo):
+            scores = {c.optim.base_lr: tune_score(c.run_dir) for c in tune_runs
+                      if c.algo == algo and c.batch_train == B}
+            if any(v is not None for v in scores.values()):
+                out.setdefault(algo, {})[B] = lr_bracket.lr_tuning(scores, extensions)
+    return out
+
+
+def tuning_cost(sweep: SweepConfig, tune_runs: list[TrainConfig]) -> dict[str, dict[int, dict]]:
+    """{algo: {B: {"runs", "responses", "wall_s"}}} of the finished tuning runs: what tuning
+    at each batch cost (wall seconds = training time_s + every eval's eval_s, as logged)."""
+    from jaxrl_scale.scaling import io as sio
+    out: dict[str, dict[int, dict]] = {}
+    for c in tune_runs:
+        try:
+            recs = sio.read_jsonl(os.path.join(c.run_dir, "metrics.jsonl"))[0]
+        except (OSError, ValueError):
+            continue
+        n = max((r["responses"] for r in recs if is_number(r.get("responses"))), default=0)
+        t = max((r["time_s"] for r in recs if is_number(r.get("time_s"))), default=0.0)
+        t += sum(r["eval_s"] for r in recs if is_number(r.get("eval_s")))
+        row = out.setdefault(c.algo, {}).setdefault(c.batch_train, {"runs": 0, "responses": 0,
+                                                                     "wall_s": 0.0})
+        row["runs"] += 1
+        row["responses"] += int(n)
+        row["wall_s"] += float(t)
     return out
 
 
@@ -361,9 +430,14 @@ def _check_sweep_fields(sweep: SweepConfig) -> None:
         ints(field, lo, example)
     need("pairs", all(len(pg) == 2 and min(pg) >= 1 for pg in sweep.pairs),
          f"must be PxG pairs of positive integers, got {sweep.pairs}", "e.g. --pairs=32x4")
-    bad = [r for r in sweep.lr_rules if r not in ADAM_RULES]
+    bad = [r for r in sweep.lr_rules if r not in ADAM_RULES or r == "tuned"]
     need("lr_rules", bool(sweep.lr_rules) and not bad, f"{bad or 'empty'} not among "
-         f"{ADAM_RULES}", f"use some of {', '.join(ADAM_RULES)}")
+         f"{tuple(r for r in ADAM_RULES if r != 'tuned')}", "use some of "
+         f"{', '.join(r for r in ADAM_RULES if r != 'tuned')} (per-batch tuned lrs: "
+         "--retune_lr_per_batch)")
+    need("retune_lr_per_batch", not sweep.retune_lr_per_batch or bool(sweep.tune_lrs),
+         "needs an lr grid to tune at every batch, but --tune_lrs is empty",
+         "pass --tune_lrs=1e-4,2e-4,3e-4 or drop --retune_lr_per_batch")
     need("timing_steps", isinstance(sweep.timing_steps, int) and sweep.timing_steps >= 0,
          f"must be an integer >= 0, got {sweep.timing_steps!r}",
          "e.g. --timing_steps=6 (0: no timing pass)")
@@ -436,12 +510,17 @@ def _tuned_plan(sweep: SweepConfig, base: TrainConfig, tune: list[TrainConfig],
     """The lr chosen from the finished tuning runs (recorded in lr_tune.json) and the study's
     runs with it (recorded in sweep.json)."""
     lrs = choose_lrs(sweep, tune, extensions)
+    per_batch = choose_batch_lrs(sweep, tune, extensions)
     if tune:
         write_json(os.path.join(sweep.sweep_dir, TUNE_FILE), {
             "reference_batch": {a: _reference_batch(sweep, a) for a in sweep.algos},
-            "tuned": lrs, "runs": [c.run_dir for c in tune]}, indent=2)
+            "tuned": lrs, "runs": [c.run_dir for c in tune],
+            "tuning_cost": tuning_cost(sweep, tune),
+            **({"tuned_per_batch": per_batch} if per_batch else {})}, indent=2)
     base_lrs = {a: v["lr"] for a, v in lrs.items()}
-    runs = plan(sweep, base, base_lrs)
+    batch_lrs = {(a, B): t["chosen"] for a, d in per_batch.items() for B, t in d.items()
+                 if t.get("chosen")}
+    runs = plan(sweep, base, base_lrs, batch_lrs)
     write_json(os.path.join(sweep.sweep_dir, "sweep.json"), {
         "sweep": dataclasses.asdict(sweep), "base": base.to_json(), "base_lrs": base_lrs,
         "runs": [os.path.basename(c.run_dir) for c in runs]}, indent=2)

@@ -14,7 +14,7 @@ from jaxrl_scale.scaling.summary import AlgoSummary, ConfigStats, Summary
 REPORT_FILE = "report.md"
 FIGURES = ("learning_curves.png", "grad_norm.png", "collection_time.png", "time_to_target.png",
            "critical_batches.png")
-RULE_STYLES = {"sqrt": "-", "fixed": "--", "linear": ":", "malladi": "-."}
+RULE_STYLES = {"sqrt": "-", "fixed": "--", "linear": ":", "malladi": "-.", "tuned": "-"}
 OTHER_STYLE = (0, (3, 1, 1, 1, 1, 1))
 ALGO_MARKERS = ("o", "s", "^", "D", "v")
 MIN_SNR = 6.0  # signal-to-noise (target - start) / eval SE below which verdicts may be noise

@@ -65,6 +65,38 @@ def lr_lines(summary: Summary | dict) -> list[str]:
     return out
 
 
+def retune_lines(summary: Summary | dict) -> list[str]:
+    """With the lr re-tuned at every batch (the source's recommendation): the lr each batch
+    chose, what the sqrt rule from B0 gives there, and what the tuning cost against tuning at
+    B0 alone."""
+    s = as_summary(summary)
+    out = []
+    for algo, per in sorted((s.lr_tuning_per_batch or {}).items()):
+        per = {int(B): t for B, t in per.items()}
+        a = s.algos.get(algo)
+        ref = s.configs.get(a.reference_config) if a else None
+        B0 = ref.batch if ref else None
+        lr0 = (per.get(int(B0)) or {}).get("chosen") if B0 else None
+        cells = []
+        for B, t in sorted(per.items()):
+            cell = f"B={fmt(B)}: {fmt(t.get('chosen'))}"
+            if not t.get("bracketed"):
+                cell += " (edge of its grid)"
+            if lr0 and B0 and B != B0:
+                cell += f" (sqrt rule: {fmt(lr0 * (B / B0) ** 0.5)})"
+            cells.append(cell)
+        line = (f"Learning rate per batch [{algo}] (re-tuned at every batch, the source's "
+                f"recommendation): " + "; ".join(cells))
+        cost = {int(B): c for B, c in ((s.lr_tuning_cost or {}).get(algo) or {}).items()}
+        if cost and B0 in cost:
+            tot = {k: sum(c[k] for c in cost.values()) for k in ("runs", "responses", "wall_s")}
+            line += (f". Tuning cost: {tot['runs']} runs, {fmt(tot['responses'])} responses, "
+                     f"{fmt(tot['wall_s'] / 60)} min, against {cost[B0]['runs']} runs and "
+                     f"{fmt(cost[B0]['wall_s'] / 60)} min at B0 alone")
+        out.append(line + ".")
+    return out
+
+
 def power_lines(summary: Summary | dict) -> list[str]:
     """The smallest effect the design detects with 80% power, per algorithm."""
     s = as_summary(summary)
@@ -118,5 +150,5 @@ def drift_lines(summary: Summary | dict) -> list[str]:
 
 def design_lines(summary: Summary | dict) -> list[str]:
     """regime, lr bracket, power, drift: the lines the report opens with."""
-    return (regime_lines(summary) + lr_lines(summary) + power_lines(summary)
-            + drift_lines(summary))
+    return (regime_lines(summary) + lr_lines(summary) + retune_lines(summary)
+            + power_lines(summary) + drift_lines(summary))

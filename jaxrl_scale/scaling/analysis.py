@@ -490,6 +490,7 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
     cgb = p["critical_generation_batch"]
     found = findings.source_findings(per_algo, configs, creps, ci_level, tolerance, primary, cgb)
     tuning = lr_bracket.read_lr_tuning(sweep_dir) if sweep_dir is not None else None
+    extras = lr_bracket.read_tuning_extras(sweep_dir) if sweep_dir is not None else {}
     return Summary(
         ci_level=ci_level, primary_algo=primary,
         algos={a: AlgoSummary.from_json(x) for a, x in per_algo.items()},
@@ -501,7 +502,9 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
         **familywise.power_fields(fw, ci_level, primary), drift=drift_info,
         # issue 27 item 1: the primary algorithm's lr record, and all of them
         lr_tuning=(tuning.get(primary) or next(iter(tuning.values()))) if tuning else None,
-        lr_tuning_by_algo=tuning or None)
+        lr_tuning_by_algo=tuning or None,
+        lr_tuning_per_batch=extras.get("per_batch") or None,
+        lr_tuning_cost=extras.get("cost") or None)
 
 
 def analyze_runs(runs: Sequence[Run], target: Any = "auto", reference: str | None = None,

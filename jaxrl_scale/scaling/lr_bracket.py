@@ -102,3 +102,17 @@ def read_lr_tuning(sweep_dir: str | None, name: str = "lr_tune.json") -> dict:
         return {}
     with open(path) as f:
         return from_lr_tune_file(json.load(f))
+
+
+def read_tuning_extras(sweep_dir: str | None, name: str = "lr_tune.json") -> dict:
+    """{"per_batch": {algo: {B: lr_tuning}}, "cost": {algo: {B: {runs, responses, wall_s}}}}
+    of SWEEP_DIR/lr_tune.json (batches as ints; {} parts when absent)."""
+    import json
+    import os
+    path = os.path.join(sweep_dir, name) if sweep_dir else None
+    if not path or not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        data = json.load(f)
+    ints = lambda d: {a: {int(B): v for B, v in per.items()} for a, per in (d or {}).items()}
+    return {"per_batch": ints(data.get("tuned_per_batch")), "cost": ints(data.get("tuning_cost"))}

@@ -248,6 +248,8 @@ class Summary:
     drift: dict | None = None              # {controlled, r_q_source, note, ...}
     lr_tuning: dict | None = None          # {grid, scores, chosen, bracketed, ...}
     lr_tuning_by_algo: dict | None = None
+    lr_tuning_per_batch: dict | None = None   # {algo: {B: lr_tuning}} (retune_lr_per_batch)
+    lr_tuning_cost: dict | None = None        # {algo: {B: {runs, responses, wall_s}}}
 
     @property
     def primary(self) -> AlgoSummary:
@@ -281,7 +283,8 @@ class Summary:
                    findings=[f.to_json() for f in self.findings], tolerance=self.tolerance,
                    n_boot=self.n_boot, skipped=self.skipped, warnings=self.warnings)
         for k in ("familywise", "min_detectable_r_N", "min_detectable_T_over_T0", "power",
-                  "drift", "lr_tuning", "lr_tuning_by_algo"):
+                  "drift", "lr_tuning", "lr_tuning_by_algo", "lr_tuning_per_batch",
+                  "lr_tuning_cost"):
             if getattr(self, k) is not None:
                 out[k] = getattr(self, k)
         out["sweep_dir"] = self.sweep_dir
