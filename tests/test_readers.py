@@ -313,7 +313,7 @@ def test_mixed_frameworks_refused_and_format_selects(tmp_path):
     assert [r.name for r in sweep.runs] == ["v_s0"]
     assert {x["dir"]: x["reason"] for x in sweep.skipped}["t_s0"].endswith("(it is a trl run)")
     with pytest.raises(readers.ReaderError, match="^format: unknown format"):
-        readers.read_sweep_dir(str(tmp_path), "openrlhf")
+        readers.read_sweep_dir(str(tmp_path), "mlflow")
 
 
 def test_own_sweeps_read_as_before(tmp_path):

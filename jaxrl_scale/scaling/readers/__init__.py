@@ -3,14 +3,20 @@ one module per framework, the only format-specific code. Pure Python + numpy: no
 framework installed at analysis time.
 
     sweep = read_sweep_dir(DIR, fmt="auto")    # one run per subdirectory, as read_sweep
-    # fmt: auto | jaxrl | trl | verl; overrides: responses_per_step, world_size,
-    # gradient_accumulation_steps, per_device_train_batch_size (TRL), train_batch_size,
-    # rollout_n (verl), score_key (the eval metric), algo
+    # fmt: auto | jaxrl | trl | verl | openrlhf | prime-rl | tensorboard | wandb; overrides:
+    # responses_per_step, world_size, gradient_accumulation_steps,
+    # per_device_train_batch_size (TRL), train_batch_size, rollout_n (verl), score_key (the
+    # eval metric), tag_map (tensorboard / wandb: what each tag means), algo
 
 Auto-detection by the files present: ``trainer_state.json`` (also in ``checkpoint-*/``) is TRL;
 a ``*.jsonl`` of ``{"step", "data"}`` records is verl's FileLogger (checked before our own
-``metrics.jsonl``, since verl users often name their log that); ``metrics.jsonl`` is ours;
-TensorBoard event files without a ``metrics.jsonl`` are verl's TensorBoard logger.
+``metrics.jsonl``, since verl users often name their log that); a ``metrics.jsonl`` of
+``{"step", "time", "<group>/<metric>": ...}`` lines is prime-rl's; another ``metrics.jsonl`` is
+ours; TensorBoard event files without a ``metrics.jsonl`` are verl's (``timing_s/step``,
+``val-core/...`` tags) or OpenRLHF's (``train/timing/step_total``, ``eval/eval_*_pass1``), else
+any TensorBoard run (read through ``--tag_map``); a CSV/parquet with ``_step`` and
+``_runtime`` columns is a W&B history export (each such file directly in the sweep directory
+is a run, as is a subdirectory holding one).
 A sweep mixing frameworks is refused (`ReaderError`), as is a run whose batch cannot be
 determined; a run without evals or with an unreadable log is listed as skipped with the reason.
 """
@@ -21,18 +27,27 @@ import dataclasses
 import os
 
 from jaxrl_scale.scaling import io as sio
-from jaxrl_scale.scaling.readers import trl, verl
+from jaxrl_scale.scaling.readers import (mapped, openrlhf, primerl, tensorboard, trl, verl,
+                                         wandb)
 from jaxrl_scale.scaling.readers.common import ReaderError, SkipRun, positive
 
-FORMATS = ("auto", "jaxrl", "trl", "verl")
-_READERS = {"trl": trl.read_run, "verl": verl.read_run}
+FORMATS = ("auto", "jaxrl", "trl", "verl", "openrlhf", "prime-rl", "tensorboard", "wandb")
+_READERS = {"trl": trl.read_run, "verl": verl.read_run, "openrlhf": openrlhf.read_run,
+            "prime-rl": primerl.read_run, "tensorboard": tensorboard.read_run,
+            "wandb": wandb.read_run}
 _WANT = {"trl": f"no {trl.STATE_FILE} (nor checkpoint-*/{trl.STATE_FILE})",
          "verl": 'no verl FileLogger *.jsonl ({"step": s, "data": {...}} per line) or '
-                 'TensorBoard event files',
+                 'verl TensorBoard event files',
+         "openrlhf": "no OpenRLHF TensorBoard event files (train/timing/step_total, "
+                     "eval/eval_*_pass1 tags)",
+         "prime-rl": f'no prime-rl {primerl.METRICS_FILE} ({{"step", "time", ...}} per line)',
+         "tensorboard": "no TensorBoard event files",
+         "wandb": "no W&B history export (CSV/parquet with _step and _runtime columns)",
          "jaxrl": f"no {sio.METRICS_FILE}"}
+_EVENTS = ("verl", "openrlhf", "tensorboard")    # formats found from event files
 OVERRIDE_KEYS = ("responses_per_step", "world_size", "gradient_accumulation_steps",
                  "per_device_train_batch_size", "train_batch_size", "rollout_n", "score_key",
-                 "algo")
+                 "tag_map", "algo")
 
 __all__ = ["FORMATS", "ReaderError", "FrameworkSweep", "detect_format", "read_sweep_dir"]
 
@@ -43,16 +58,36 @@ class FrameworkSweep(sio.Sweep):
 
 
 def detect_format(run_dir: str) -> str | None:
-    """"trl", "verl", "jaxrl" or None, from the files in ``run_dir``."""
+    """One of FORMATS[1:] or None, from the files in ``run_dir`` (or the file itself: a W&B
+    export)."""
+    if os.path.isfile(run_dir):
+        return "wandb" if wandb.is_export(run_dir) else None
     if trl.is_run(run_dir):
         return "trl"
     if verl.is_run(run_dir):
         return "verl"
+    if primerl.is_run(run_dir):
+        return "prime-rl"
     if os.path.isfile(os.path.join(run_dir, sio.METRICS_FILE)):
         return "jaxrl"     # ours (its tensorboard/ event files are a copy of metrics.jsonl)
-    if verl.event_files(run_dir):
-        return "verl"      # verl's TensorBoard logger alone
+    if tensorboard.event_files(run_dir):
+        tags = tensorboard.tags(run_dir)
+        if verl.is_tags(tags):
+            return "verl"          # verl's TensorBoard logger alone
+        if openrlhf.is_tags(tags):
+            return "openrlhf"
+        return "tensorboard"
+    if wandb.exports(run_dir):
+        return "wandb"
     return None
+
+
+def _as(fmt: str, found: str | None, d: str) -> str | None:
+    """--format=tensorboard reads any event directory through the tag map (verl's and
+    OpenRLHF's too, unless verl's JSONL is there)."""
+    if fmt == "tensorboard" and found in _EVENTS and not verl.is_run(d):
+        return "tensorboard"
+    return found
 
 
 def _read(fmt: str, run_dir: str, overrides: dict) -> sio.Run:
@@ -74,28 +109,35 @@ def read_sweep_dir(sweep_dir: str, fmt: str = "auto", **overrides) -> FrameworkS
     if unknown:
         raise TypeError(f"unknown override(s) {unknown}; known: {OVERRIDE_KEYS}")
     overrides = {k: v for k, v in overrides.items() if v is not None and v != ""}
+    mapped.parse_tag_map(overrides.get("tag_map"))      # a bad map: one line, before any data
     for k, v in overrides.items():
-        if k not in ("score_key", "algo") and positive(v) is None:
+        if k not in ("score_key", "algo", "tag_map") and positive(v) is None:
             raise ReaderError(k, f"must be a positive number, got {v!r}",
                               f"pass --{k}=<a positive number> or leave it out")
     if not os.path.isdir(sweep_dir):
         raise FileNotFoundError(f"sweep dir {sweep_dir!r} does not exist or is not a directory")
-    own = detect_format(sweep_dir)
-    if own == "verl" and not verl.is_run(sweep_dir) and any(
-            verl.event_files(os.path.join(sweep_dir, e)) for e in os.listdir(sweep_dir)
+    own = _as(fmt, detect_format(sweep_dir), sweep_dir)
+    if own in _EVENTS and not verl.is_run(sweep_dir) and any(
+            tensorboard.event_files(os.path.join(sweep_dir, e)) for e in os.listdir(sweep_dir)
             if os.path.isdir(os.path.join(sweep_dir, e))):
         own = None    # event files found under its runs, not a run's own
+    if own == "wandb":
+        own = None    # each export file in it is a run
     if own is not None and fmt in ("auto", own):
         dirs = [(os.path.basename(os.path.normpath(sweep_dir)), sweep_dir)]
     else:
         dirs = [(e, os.path.join(sweep_dir, e)) for e in sorted(os.listdir(sweep_dir))
                 if os.path.isdir(os.path.join(sweep_dir, e)) and not e.startswith((".", "_"))]
+        if fmt in ("auto", "wandb"):
+            dirs += [(os.path.splitext(os.path.basename(p))[0], p)
+                     for p in wandb.exports(sweep_dir)]
     found, skipped = {}, []
     for entry, d in dirs:
-        f = detect_format(d)
+        f = _as(fmt, detect_format(d), d)
         if f is None:
             skipped.append({"dir": entry, "reason": _WANT[fmt] if fmt != "auto" else
-                            f"{_WANT['trl']}, {_WANT['verl']}, {_WANT['jaxrl']}"})
+                            "no log of a known framework (" + "; ".join(
+                                _WANT[k][3:] for k in FORMATS[1:]) + ")"})
         elif fmt not in ("auto", f):
             skipped.append({"dir": entry, "reason": f"{_WANT[fmt]} (it is a {f} run)"})
         else:

@@ -8,6 +8,8 @@ import json
 import os
 from typing import Any
 
+import numpy as np
+
 from jaxrl_scale.numbers import is_number
 from jaxrl_scale.scaling import io as sio
 
@@ -83,23 +85,39 @@ def positive(x: Any) -> float | None:
     return float(x) if is_number(x) and x > 0 else None
 
 
+def responses_at(cum_SR: tuple[list, list] | None, batch: float):
+    """step -> cumulative responses: linear in the logged (step, cumulative responses) points
+    (from (0, 0)) when the log counts them, else step x batch."""
+    if cum_SR is None:
+        return lambda s: s * batch
+    steps = np.r_[0.0, np.asarray(cum_SR[0], dtype=float)]
+    cum = np.r_[0.0, np.asarray(cum_SR[1], dtype=float)]
+    # past the last logged step: at the last logged rate (an eval logged after the last update)
+    rate = (cum[-1] - cum[-2]) / max(steps[-1] - steps[-2], 1e-12) if len(steps) > 1 else batch
+    return lambda s: float(np.interp(s, steps, cum)) if s <= steps[-1] else \
+        float(cum[-1] + rate * (s - steps[-1]))
+
+
 def build_run(name: str, run_dir: str, framework: str, batch: float,
               train: list[dict], evals: list[dict], *, algo: str | None = None,
-              warnings: list[str] = (), source: str) -> sio.Run:
+              warnings: list[str] = (), source: str,
+              cum_SR: tuple[list, list] | None = None) -> sio.Run:
     """The analysis's run record from per-step records: ``train`` items carry ``step`` and
     ``dt`` (wall seconds since the previous record, eval excluded) and optionally per-step
     ``gen_s`` / ``train_s``; ``evals`` carry
     ``step`` and ``score`` (and ``eval_n`` when known). Responses = step x batch (retained
-    responses per optimizer step), wall time = cumulative sum of dt."""
+    responses per optimizer step), or, when the log counts them, ``cum_SR`` = (steps,
+    cumulative responses at those steps); wall time = cumulative sum of dt."""
     if not evals:
         raise SkipRun(f"no eval scores in {source}")
+    at = responses_at(cum_SR, batch)
     records, t, prev = [], 0.0, 0
     for r in sorted(train, key=lambda r: r["step"]):
         s = r["step"]
         if s <= prev:
             continue
         t += r["dt"]
-        rec = {"step": s, "responses": s * batch, "time_s": t}
+        rec = {"step": s, "responses": at(s), "time_s": t}
         for k in ("gen_s", "train_s"):
             if is_number(r.get(k)):
                 rec[k] = float(r[k])
@@ -108,7 +126,7 @@ def build_run(name: str, run_dir: str, framework: str, batch: float,
     if not records:
         raise SkipRun(f"no step times in {source}")
     for e in evals:
-        rec = {"step": e["step"], "responses": e["step"] * batch, "score": float(e["score"])}
+        rec = {"step": e["step"], "responses": at(e["step"]), "score": float(e["score"])}
         if is_number(e.get("eval_n")):
             rec["eval_n"] = e["eval_n"]
         records.append(rec)

@@ -35,6 +35,7 @@ from jaxrl_scale.numbers import is_number
 from jaxrl_scale.scaling import io as sio
 from jaxrl_scale.scaling.readers.common import (ReaderError, SkipRun, build_run,
                                                 load_structured, nested_get, positive)
+from jaxrl_scale.scaling.readers.tensorboard import event_files, read_event_records
 
 CONFIG_FILES = (os.path.join(".hydra", "config.yaml"), "config.yaml")
 _VAL_RE = re.compile(r"^val-core/.+/mean@\d+$")
@@ -75,42 +76,10 @@ def is_run(run_dir: str) -> bool:
     return log_path(run_dir) is not None
 
 
-def event_files(run_dir: str) -> list[str]:
-    """TensorBoard event files under ``run_dir`` (verl's ``_TensorboardAdapter`` writes them to
-    ``TENSORBOARD_DIR``, default ``tensorboard_log/<project>/<experiment>/``)."""
-    return sorted(glob.glob(os.path.join(run_dir, "**", "events.out.tfevents.*"),
-                            recursive=True))
-
-
-def read_event_records(run_dir: str) -> tuple[list[dict], str]:
-    """{step, tag: value} per step from the run's event files (tensorboard's own event
-    reader; scalars as ``torch.utils.tensorboard.SummaryWriter.add_scalar`` writes them:
-    ``simple_value``), and a description of the source."""
-    try:
-        from tensorboard.backend.event_processing.event_file_loader import (
-            LegacyEventFileLoader)
-    except ImportError:
-        raise SkipRun("TensorBoard event files need the tensorboard package (pip install "
-                      "tensorboard)") from None
-    files = event_files(run_dir)
-    by_step: dict[float, dict] = {}
-    for p in files:
-        try:
-            for ev in LegacyEventFileLoader(p).Load():
-                if not ev.HasField("summary"):
-                    continue
-                for v in ev.summary.value:
-                    if v.HasField("simple_value"):
-                        x = float(v.simple_value)
-                    elif v.HasField("tensor") and (v.tensor.float_val or v.tensor.double_val):
-                        x = float((v.tensor.float_val or v.tensor.double_val)[0])
-                    else:
-                        continue
-                    by_step.setdefault(ev.step, {"step": ev.step})[v.tag] = x
-        except Exception as e:     # a corrupt record: the reader's own error types vary
-            raise SkipRun(f"{p}: unreadable event file ({type(e).__name__}: {e})") from None
-    src = files[0] if len(files) == 1 else f"{len(files)} event files under {run_dir}"
-    return [by_step[s] for s in sorted(by_step)], src
+def is_tags(tags: set[str]) -> bool:
+    """TensorBoard tags (or W&B columns) that only verl's trainer logs."""
+    return "timing_s/step" in tags or "training/global_step" in tags or any(
+        t.startswith("val-core/") for t in tags)
 
 
 def read_config(run_dir: str) -> tuple[dict, str | None]:
