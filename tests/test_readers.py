@@ -442,3 +442,147 @@ def test_verl_tensorboard_known_answer(tmp_path):
     open(tmp_path / "own" / "grpo_B512_s0" / "tensorboard" / "events.out.tfevents.1.h",
          "wb").close()
     assert readers.detect_format(str(tmp_path / "own" / "grpo_B512_s0")) == "jaxrl"
+
+
+# ----------------------------------------------------------------------------- OpenRLHF
+
+
+class _SummaryWriter:
+    """What ``torch.utils.tensorboard.SummaryWriter`` writes, without torch: its FileWriter is
+    tensorboard's own EventFileWriter; ``add_scalar`` is one event of
+    ``Summary(value=[Summary.Value(tag, simple_value)])`` at ``int(step)``; ``add_text`` one
+    string tensor under ``<tag>/text_summary`` with the text plugin's metadata."""
+
+    def __init__(self, log_dir):
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        self.w = EventFileWriter(log_dir)
+
+    def _add(self, value, step):
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        self.w.add_event(Event(wall_time=1.7e9 + step, step=int(step),
+                               summary=Summary(value=[value])))
+
+    def add_scalar(self, tag, value, step):
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        self._add(Summary.Value(tag=tag, simple_value=float(value)), step)
+
+    def add_text(self, tag, text, step):
+        from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+        from tensorboard.compat.proto.tensor_pb2 import TensorProto
+        from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+        md = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="text"))
+        t = TensorProto(dtype="DT_STRING", string_val=[text.encode()],
+                        tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]))
+        self._add(Summary.Value(tag=tag + "/text_summary", metadata=md, tensor=t), step)
+
+    def close(self):
+        self.w.close()
+
+
+EVAL_N = 1319 * 4     # gsm8k test prompts x eval.n_samples_per_prompt
+
+
+def openrlhf_logs(batch, q, n_star, *, steps=40, eval_steps=2, evals=True):
+    """(train status per step, eval logs per eval step) as OpenRLHF's PPOTrainer.fit builds
+    them (openrlhf/trainer/ppo_trainer.py): the timing/* of train_step plus
+    timing/generation, timing/step_total = their sum; the rollout/* stats; the eval logs of
+    compute_eval_metrics after the step's train log when global_step % eval.steps == 0."""
+    train, ev = [], {}
+    for s in range(1, steps + 1):
+        t = batch / q
+        st = {"policy_loss": -0.01, "actor_lr": 1e-6, "kl": 0.001, "entropy_loss": 0.6,
+              "response_length": 210.0, "total_length": 310.0,
+              "timing/make_experience": 0.10 * t, "timing/ppo_train": 0.25 * t,
+              "timing/broadcast": 0.05 * t,
+              "rollout/reward_mean": min(1.0, 0.9 * TARGET * s * batch / n_star),
+              "rollout/reward_std": 0.3, "rollout/response_length_mean": 210.0,
+              "rollout/truncated_rate": 0.0, "rollout/num_samples": float(batch),
+              "generated_samples": ["Question: 1+1? Answer: 2", 1.0],
+              "timing/generation": 0.60 * t}
+        st["timing/step_total"] = sum(v for k, v in st.items() if k.startswith("timing/"))
+        train.append((s, st))
+        if evals and s % eval_steps == 0:
+            p = TARGET * s * batch / n_star
+            ev[s] = {"eval_gsm8k_pass4": min(1.0, 1.5 * p), "eval_gsm8k_pass1": p,
+                     "eval_gsm8k_response_length_mean": 205.0, "eval_gsm8k_truncated_rate": 0.0,
+                     "eval_response_length_mean": 205.0, "eval_truncated_rate": 0.0,
+                     "eval_num_samples": float(EVAL_N)}
+    return train, ev
+
+
+def write_openrlhf_run(tensorboard_dir, run_name, batch, q, n_star, **kw):
+    """<logger.tensorboard_dir>/<logger.wandb.run_name>/events.out.tfevents.* as OpenRLHF's
+    TensorboardLogger writes them (openrlhf/utils/logging_utils.py: log_train add_scalar
+    "train/<k>" (add_text for generated_samples), log_eval add_scalar "eval/<k>", at
+    global_step)."""
+    d = os.path.join(tensorboard_dir, run_name)
+    os.makedirs(d, exist_ok=True)
+    w = _SummaryWriter(d)
+    train, ev = openrlhf_logs(batch, q, n_star, **kw)
+    for s, st in train:
+        for k, v in st.items():
+            if k == "generated_samples" and v is not None:
+                text, reward = v
+                w.add_text("train/generated_samples",
+                           f"Sample:\\n{text}\\n\\nReward: {reward:.4f}", s)
+            elif v is not None:
+                w.add_scalar(f"train/{k}", v, s)
+        for k, v in ev.get(s, {}).items():
+            w.add_scalar(f"eval/{k}", v, s)
+    w.close()
+    return d
+
+
+def openrlhf_sweep(root):
+    for b, ns, q in SWEEP:
+        write_openrlhf_run(root, f"grpo_B{b}_s0", b, q, ns)
+    return str(root)
+
+
+def test_openrlhf_tensorboard_known_answer(tmp_path):
+    pytest.importorskip("tensorboard")
+    root = openrlhf_sweep(tmp_path)
+    write_openrlhf_run(root, "grpo_B4096_noeval_s0", 4096, 30.0, 12000, evals=False)
+    assert readers.detect_format(os.path.join(root, "grpo_B512_s0")) == "openrlhf"
+    s = analyze_and_report(root, TARGET, tolerance=0.1)
+    _check_known_answer(s, "openrlhf", rtol=1e-6)     # simple_value is float32
+    assert [x["dir"] for x in s["skipped"]] == ["grpo_B4096_noeval_s0"]
+    assert "no eval score (eval/eval_<datasource>_pass1)" in s["skipped"][0]["reason"]
+    (run,) = readers.read_sweep_dir(os.path.join(root, "grpo_B2048_s0")).runs
+    assert run.evals[0]["eval_n"] == EVAL_N and run.evals[0]["responses"] == 2 * 2048
+    assert run.train[0]["gen_s"] == pytest.approx(0.6 * 2048 / 24, rel=1e-6)
+    assert run.train[0]["train_s"] == pytest.approx(0.25 * 2048 / 24, rel=1e-6)
+
+
+def test_openrlhf_logging_steps_and_missing_count(tmp_path):
+    """--logger.logging_steps=k: the steps between logged ones count at the logged step's
+    time and samples (warned); a log without rollout/num_samples needs --responses_per_step,
+    named in one line."""
+    pytest.importorskip("tensorboard")
+    d = os.path.join(tmp_path, "a_s0")
+    os.makedirs(d)
+    w = _SummaryWriter(d)
+    train, ev = openrlhf_logs(512, 10.0, 10000)
+    for s, st in train:
+        if s % 4 == 0:
+            for k in ("timing/step_total", "rollout/num_samples"):
+                w.add_scalar(f"train/{k}", st[k], s)
+        for k, v in ev.get(s, {}).items():
+            w.add_scalar(f"eval/{k}", v, s)
+    w.close()
+    (run,) = readers.read_sweep_dir(str(tmp_path)).runs
+    assert run.train[-1]["time_s"] == pytest.approx(40 * 512 / 10, rel=1e-6)
+    assert run.evals[-1]["responses"] == pytest.approx(40 * 512)
+    assert any("not logged at every step" in x for x in run.warnings)
+    d2 = os.path.join(tmp_path, "b", "b_s0")
+    os.makedirs(d2)
+    w = _SummaryWriter(d2)
+    w.add_scalar("train/timing/step_total", 51.2, 1)
+    w.add_scalar("eval/eval_gsm8k_pass1", 0.1, 1)
+    w.close()
+    with pytest.raises(readers.ReaderError) as e:
+        readers.read_sweep_dir(str(tmp_path / "b"))
+    assert str(e.value).startswith("responses_per_step: run b_s0: ") and "\n" not in str(e.value)
+    (run,) = readers.read_sweep_dir(str(tmp_path / "b"), responses_per_step=64).runs
+    assert run.batch == 64 and run.evals[0]["responses"] == 64

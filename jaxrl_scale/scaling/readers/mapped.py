@@ -82,6 +82,13 @@ def parse_tag_map(spec) -> dict[str, str]:
     return dict(d)
 
 
+def present_only(tmap: dict[str, str], keys) -> dict[str, str]:
+    """A preset's fields whose tags the log has: a preset tag the log lacks is not an error
+    (what it would give comes from elsewhere, or its absence is named), unlike a tag the user
+    mapped."""
+    return {f: t for f, t in tmap.items() if t in keys}
+
+
 def _num(r: dict, key: str | None):
     return r[key] if key and is_number(r.get(key)) else None
 

@@ -64,7 +64,9 @@ def read_run(run_dir: str, name: str | None = None, **overrides) -> sio.Run:
     name = name or os.path.basename(os.path.normpath(run_dir))
     records, src = tensorboard.read_event_records(run_dir)
     rows = [(r["step"], {k: v for k, v in r.items() if k != "step"}) for r in records]
-    tmap, warnings = preset({k for _, r in rows for k in r})
+    keys = {k for _, r in rows for k in r}
+    tmap, warnings = preset(keys)
+    tmap = mapped.present_only(tmap, keys)
     tmap.update(mapped.parse_tag_map(overrides.get("tag_map")))
     return mapped.run_from_rows(name, run_dir, "openrlhf", rows, tmap, source=src,
                                 overrides=overrides, step_is_update=True,

@@ -117,6 +117,7 @@ def read_run(path: str, name: str | None = None, **overrides) -> sio.Run:
         raise SkipRun(f"{file}: no rows with {STEP} (empty or truncated export)")
     cols = {k for _, r in rows for k in r}
     framework, tmap, opts, warnings = _preset(cols)
+    tmap = mapped.present_only(tmap, cols)
     user = mapped.parse_tag_map(overrides.get("tag_map"))
     if framework:
         warnings.insert(0, f"{file}: columns of a {framework} run, read with its names")
