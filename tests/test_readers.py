@@ -586,3 +586,103 @@ def test_openrlhf_logging_steps_and_missing_count(tmp_path):
     assert str(e.value).startswith("responses_per_step: run b_s0: ") and "\n" not in str(e.value)
     (run,) = readers.read_sweep_dir(str(tmp_path / "b"), responses_per_step=64).runs
     assert run.batch == 64 and run.evals[0]["responses"] == 64
+
+
+# ----------------------------------------------------------------------------- prime-rl
+
+PRIME_SCORE = "eval/gsm8k/all/default/avg@4"
+
+
+def write_primerl_run(root, name, batch, q, n_star, *, steps=40, interval=2, evals=True,
+                      policy_version=True):
+    """<output_dir>/<run.name>/metrics.jsonl as prime-rl's FileMonitor.log_metrics appends it
+    (src/prime_rl/monitors/file.py: json.dumps({"step": step, "time": time.time(),
+    **metrics}) + "\\n"), from both processes: the orchestrator's step line
+    (orchestrator.py finalize_train_batch: progress/*, time/step, "step": step), its eval
+    lines (finalize_eval_batch: eval/<env>/{all,effective}/<agent>/avg@k, pass@k,
+    policy_version, "step": float(step); the base-model eval at step 1 and one after every
+    interval-th step, of the policy one update behind (async level 1)) and the trainer's
+    perf / optim / time lines."""
+    d = os.path.join(root, name)
+    os.makedirs(d, exist_ok=True)
+    t0, lines, total = 1.7e9, [], 0
+
+    def log(step, metrics, t):
+        lines.append(json.dumps({"step": step, "time": t0 + t, **metrics}) + "\n")
+
+    def eval_line(step, version, t):
+        p = TARGET * version * batch / n_star
+        log(step, {"eval/gsm8k/all/num_turns/mean": 1.0, "eval/gsm8k/all/has_error/mean": 0.0,
+                   "eval/gsm8k/all/cancelled/mean": 0.0, "eval/gsm8k/all/default/avg@4": p,
+                   "eval/gsm8k/effective/num_turns/mean": 1.0,
+                   "eval/gsm8k/effective/default/avg@4": p,
+                   "eval/gsm8k/effective/default/pass@1": p,
+                   "eval/gsm8k/effective/default/pass@4": min(1.0, 1.6 * p),
+                   **({"eval/gsm8k/policy_version": float(version)} if policy_version else {}),
+                   "step": float(step)}, t)
+
+    t = 0.0
+    if evals:
+        eval_line(1, 0, 0.5)
+    for s in range(1, steps + 1):
+        t += batch / q
+        log(s, {"train/agg/all/num_turns/mean": 1.0, "train/agg/effective/default/reward/mean":
+                min(1.0, 0.9 * TARGET * total / n_star),
+                "progress/tokens": batch * 310, "progress/input_tokens": batch * 100,
+                "progress/output_tokens": batch * 210, "progress/rollouts": batch,
+                "progress/tasks": batch // 8, "progress/total_tokens": total * 310,
+                "progress/total_rollouts": total, "progress/total_tasks": total // 8,
+                "time/step": batch / q, "time/pack": 0.01, "time/save_ckpt": 0.0,
+                "time/wait_for_policy": 0.2, "step": s, "off_policy/mean": 0.5,
+                "off_policy/dropped": 0.0, "batch/gsm8k": 1.0}, t)
+        total += batch
+        log(s, {"perf/throughput": 1e4, "perf/throughput_per_gpu": 1.2e3, "perf/mfu": 0.3,
+                "perf/peak_memory": 40.0, "step": s}, t + 0.1)
+        log(s, {"optim/lr": 1e-6, "optim/grad_norm": 0.2, "step": s}, t + 0.1)
+        log(s, {"time/step": 0.8 * batch / q, "time/wait_for_batch": 0.1,
+                "time/load_data": 0.01, "time/broadcast_weights": 0.5, "time/save_ckpt": 0.0,
+                "time/forward_backward": 0.25 * batch / q, "step": s}, t + 0.1)
+        if evals and s % interval == 0:
+            eval_line(s + 1, s - 1, t + 0.2)
+    with open(os.path.join(d, "metrics.jsonl"), "a", buffering=1) as f:
+        f.writelines(lines)
+    return d
+
+
+def primerl_sweep(root):
+    for b, ns, q in SWEEP:
+        write_primerl_run(root, f"grpo_B{b}_s0", b, q, ns)
+    return str(root)
+
+
+def test_primerl_known_answer(tmp_path):
+    root = primerl_sweep(tmp_path)
+    write_primerl_run(root, "grpo_B4096_noeval_s0", 4096, 30.0, 12000, evals=False)
+    with open(os.path.join(root, "grpo_B1024_s0", "metrics.jsonl"), "a") as f:
+        f.write('{"step": 41, "time": 1700000000.0, "progress/rollo')    # still running
+    assert readers.detect_format(os.path.join(root, "grpo_B512_s0")) == "prime-rl"
+    s = analyze_and_report(root, TARGET, tolerance=0.1)
+    _check_known_answer(s, "prime-rl")
+    assert [x["dir"] for x in s["skipped"]] == ["grpo_B4096_noeval_s0"]
+    assert "no eval score (eval/<env>/all/<agent>/avg@k)" in s["skipped"][0]["reason"]
+    assert any("grpo_B1024_s0: 1 unreadable line(s)" in w and "metrics.jsonl" in w
+               for w in s["warnings"])
+    (run,) = readers.read_sweep_dir(os.path.join(root, "grpo_B2048_s0")).runs
+    # placed at its policy_version: the base eval at 0 responses, the last of policy v39
+    assert run.evals[0]["responses"] == 0 and run.evals[-1]["responses"] == 39 * 2048
+    assert run.train[0]["train_s"] == pytest.approx(0.25 * 2048 / 24)
+    assert run.train[-1]["time_s"] == pytest.approx(40 * 2048 / 24)    # the trainer's not added
+    assert any(f"eval score from {PRIME_SCORE}" in w for w in run.warnings)
+
+
+def test_primerl_without_policy_version_and_bad_logs(tmp_path):
+    d = write_primerl_run(tmp_path, "a_s0", 512, 10.0, 10000, policy_version=False)
+    (run,) = readers.read_sweep_dir(str(tmp_path)).runs
+    assert run.evals[-1]["responses"] == 40 * 512      # the step before its line's (41 - 1)
+    assert any("without eval/gsm8k/policy_version" in w for w in run.warnings)
+    # a log cut inside its first line: skipped, naming the file and what is missing
+    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+        f.write('{"step": 1, "time": 1700000000.0, "progress/rollo')
+    sweep = readers.read_sweep_dir(str(tmp_path), "prime-rl")
+    assert not sweep.runs
+    assert sweep.skipped[0]["reason"].startswith(os.path.join(d, "metrics.jsonl"))

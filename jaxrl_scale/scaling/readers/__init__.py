@@ -84,9 +84,12 @@ def detect_format(run_dir: str) -> str | None:
 
 def _as(fmt: str, found: str | None, d: str) -> str | None:
     """--format=tensorboard reads any event directory through the tag map (verl's and
-    OpenRLHF's too, unless verl's JSONL is there)."""
+    OpenRLHF's too, unless verl's JSONL is there); --format=prime-rl a metrics.jsonl whose
+    first line is cut."""
     if fmt == "tensorboard" and found in _EVENTS and not verl.is_run(d):
         return "tensorboard"
+    if fmt == "prime-rl" and found == "jaxrl" and primerl.is_run(d, unreadable=True):
+        return "prime-rl"     # its first line cut: the prime-rl reader names the file
     return found
 
 

@@ -43,6 +43,9 @@ _MAP = {"time": "time", "samples": "samples", "train": "train", "score": "score"
         "eval_step": "eval_step"}
 
 
+_UNREADABLE = object()
+
+
 def _first_record(path: str):
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -50,18 +53,22 @@ def _first_record(path: str):
                 try:
                     return json.loads(line)
                 except ValueError:
-                    return None
+                    return _UNREADABLE
     return None
 
 
-def is_run(run_dir: str) -> bool:
+def is_run(run_dir: str, unreadable: bool = False) -> bool:
     """``metrics.jsonl`` whose first line is ``{"step", "time", "<group>/<metric>": ...}``
-    (ours has ``time_s`` and no ``time``; verl's FileLogger nests its metrics in ``data``)."""
+    (ours has ``time_s`` and no ``time``; verl's FileLogger nests its metrics in ``data``).
+    ``unreadable``: also one whose first line is not JSON (--format=prime-rl reads it, to
+    name what is missing)."""
     p = os.path.join(run_dir, METRICS_FILE)
     try:
         rec = _first_record(p) if os.path.isfile(p) else None
     except (OSError, UnicodeDecodeError):
-        return False
+        return unreadable
+    if rec is _UNREADABLE:
+        return unreadable
     return isinstance(rec, dict) and is_number(rec.get("step")) and \
         is_number(rec.get("time")) and "data" not in rec and any("/" in k for k in rec)
 
