@@ -686,3 +686,195 @@ def test_primerl_without_policy_version_and_bad_logs(tmp_path):
     sweep = readers.read_sweep_dir(str(tmp_path), "prime-rl")
     assert not sweep.runs
     assert sweep.skipped[0]["reason"].startswith(os.path.join(d, "metrics.jsonl"))
+
+
+# ----------------------------------------------------------------------------- any TensorBoard
+
+TAG_MAP = "score=Eval/accuracy,time=perf/step_seconds,samples=batch/responses"
+
+
+def write_tb_run(root, name, batch, q, n_star, *, steps=40, eval_every=2, score=True):
+    """A run of some other trainer: SummaryWriter.add_scalar under its own tag names, at the
+    optimizer step."""
+    d = os.path.join(root, name, "tb")
+    os.makedirs(d)
+    w = _SummaryWriter(d)
+    for s in range(1, steps + 1):
+        w.add_scalar("loss/policy", -0.01, s)
+        w.add_scalar("perf/step_seconds", batch / q, s)
+        w.add_scalar("batch/responses", batch, s)
+        if score and s % eval_every == 0:
+            w.add_scalar("Eval/accuracy", TARGET * s * batch / n_star, s)
+    w.close()
+    return os.path.join(root, name)
+
+
+def test_tensorboard_tag_map_known_answer(tmp_path):
+    pytest.importorskip("tensorboard")
+    root = str(tmp_path)
+    for b, ns, q in SWEEP:
+        write_tb_run(root, f"grpo_B{b}_s0", b, q, ns)
+    write_tb_run(root, "grpo_B4096_noeval_s0", 4096, 30.0, 12000, score=False)
+    assert readers.detect_format(os.path.join(root, "grpo_B512_s0")) == "tensorboard"
+    s = analyze_and_report(root, TARGET, tolerance=0.1, fmt="tensorboard",
+                           overrides={"tag_map": TAG_MAP})
+    _check_known_answer(s, "tensorboard", rtol=1e-6)
+    assert [x["dir"] for x in s["skipped"]] == ["grpo_B4096_noeval_s0"]
+    assert "no eval score (Eval/accuracy)" in s["skipped"][0]["reason"]
+    # the same map from a YAML/JSON file
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps(dict(x.split("=") for x in TAG_MAP.split(","))))
+    runs = {r.name: r.batch for r in readers.read_sweep_dir(root, tag_map=str(path)).runs}
+    assert runs == {"grpo_B512_s0": 512, "grpo_B1024_s0": 1024, "grpo_B2048_s0": 2048}
+
+
+def test_tensorboard_tag_map_refusals(tmp_path):
+    pytest.importorskip("tensorboard")
+    write_tb_run(str(tmp_path), "a_s0", 512, 10.0, 10000)
+    root = str(tmp_path)
+    cases = [(None, "tag_map: run a_s0: TensorBoard event files, but no tag map"),
+             ("score=Eval/accuracy,samples=batch/responses", "tag_map: run a_s0: no time tag"),
+             ("score=Eval/accuracy,time=perf/nope,samples=batch/responses",
+              "tag_map: run a_s0: "),
+             ("score=Eval/accuracy,time=perf/step_seconds",
+              "responses_per_step: run a_s0: "),
+             ("score", "tag_map: item 'score' is not field=tag"),
+             ("scores=Eval/accuracy", "tag_map: unknown field(s) scores")]
+    for spec, start in cases:
+        with pytest.raises(readers.ReaderError) as e:
+            readers.read_sweep_dir(root, tag_map=spec)
+        msg = str(e.value)
+        assert msg.startswith(start) and ". Fix: " in msg and "\n" not in msg, (spec, msg)
+    with pytest.raises(readers.ReaderError) as e:
+        readers.read_sweep_dir(root, tag_map=cases[2][0])
+    assert "no 'perf/nope' values (the time tag" in str(e.value)
+    assert "events.out.tfevents." in str(e.value)      # the file it looked in
+    (run,) = readers.read_sweep_dir(root, tag_map=cases[3][0], responses_per_step=512).runs
+    assert run.batch == 512
+
+
+# ----------------------------------------------------------------------------- W&B exports
+
+
+def _to_csv(path, rows):
+    """pandas.DataFrame(rows).to_csv(path): the index as a first, unnamed column; a value the
+    row lacks (NaN) as an empty cell; floats as repr."""
+    cols = sorted({k for r in rows for k in r})
+    with open(path, "w", newline="") as f:
+        f.write("," + ",".join(cols) + "\n")
+        for i, r in enumerate(rows):
+            f.write(str(i) + "," + ",".join("" if k not in r else repr(r[k]) for k in cols)
+                    + "\n")
+
+
+def wandb_history(batch, q, n_star, *, steps=40, eval_every=2, eval_s=5.0):
+    """Run.history() of a trainer that calls wandb.log(train) per step and wandb.log(eval)
+    every eval_every steps: _step counts the calls, _runtime the seconds since wandb.init
+    (eval time included), _timestamp the clock."""
+    rows, t = [], 0.0
+    for s in range(1, steps + 1):
+        t += batch / q
+        rows.append({"_step": len(rows), "_runtime": t, "_timestamp": 1.7e9 + t,
+                     "train/loss": -0.01, "train/step_time": batch / q,
+                     "train/samples": batch})
+        if s % eval_every == 0:
+            t += eval_s
+            rows.append({"_step": len(rows), "_runtime": t, "_timestamp": 1.7e9 + t,
+                         "eval/acc": TARGET * s * batch / n_star})
+    return rows
+
+
+def test_wandb_csv_known_answer_and_runtime_fallback(tmp_path):
+    root = str(tmp_path)
+    for b, ns, q in SWEEP:
+        _to_csv(os.path.join(root, f"grpo_B{b}_s0.csv"), wandb_history(b, q, ns))
+    with open(os.path.join(root, "notes.csv"), "w") as f:
+        f.write("a,b\n1,2\n")
+    assert readers.detect_format(os.path.join(root, "grpo_B512_s0.csv")) == "wandb"
+    tmap = "score=eval/acc,samples=train/samples,time=train/step_time"
+    s = analyze_and_report(root, TARGET, tolerance=0.1, overrides={"tag_map": tmap})
+    _check_known_answer(s, "wandb")
+    (skip,) = s["skipped"]      # a CSV that is not an export: listed, saying what it lacks
+    assert skip["dir"] == "notes.csv" and "W&B history export (CSV/parquet with _step" in \
+        skip["reason"]
+    # no time column mapped: _runtime, eval time included and said so
+    (run, *_) = readers.read_sweep_dir(root, tag_map="score=eval/acc,samples=train/samples"
+                                       ).runs
+    assert run.name == "grpo_B1024_s0"
+    assert run.train[-1]["time_s"] == pytest.approx(40 * 1024 / 15 + 20 * 5.0 - 5.0)
+    assert any("wall time from _runtime" in w for w in run.warnings)
+    with pytest.raises(readers.ReaderError, match="^tag_map: run grpo_B1024_s0: .*W&B export"):
+        readers.read_sweep_dir(root)
+
+
+def write_openrlhf_wandb_export(run_dir, batch, q, n_star):
+    """Run.history().to_parquet() of an OpenRLHF run: WandbLogger.log_train logs
+    {"train/<k>": v, "train/global_step": step}, log_eval {"eval/<k>": v,
+    "eval/global_step": step}, each a wandb.log call (openrlhf/utils/logging_utils.py)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    train, ev = openrlhf_logs(batch, q, n_star)
+    rows, t = [], 0.0
+    for s, st in train:
+        t += st["timing/step_total"]
+        rows.append({"_step": len(rows), "_runtime": t, "_timestamp": 1.7e9 + t,
+                     "train/global_step": s, **{f"train/{k}": v for k, v in st.items()
+                                                if k != "generated_samples"}})
+        if s in ev:
+            t += 30.0
+            rows.append({"_step": len(rows), "_runtime": t, "_timestamp": 1.7e9 + t,
+                         "eval/global_step": s, **{f"eval/{k}": v for k, v in ev[s].items()}})
+    cols = sorted({k for r in rows for k in r})
+    os.makedirs(run_dir, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist([{k: r.get(k) for k in cols} for r in rows]),
+                   os.path.join(run_dir, "history.parquet"))
+
+
+def test_wandb_parquet_openrlhf_detected(tmp_path):
+    pytest.importorskip("pyarrow")
+    root = str(tmp_path)
+    for b, ns, q in SWEEP:
+        write_openrlhf_wandb_export(os.path.join(root, f"grpo_B{b}_s0"), b, q, ns)
+    assert readers.detect_format(os.path.join(root, "grpo_B512_s0")) == "wandb"
+    s = analyze_and_report(root, TARGET, tolerance=0.1)    # no map: OpenRLHF's columns
+    _check_known_answer(s, "wandb-openrlhf")
+    assert any("columns of a openrlhf run" in w for w in s["warnings"])
+    # a cut parquet: listed as skipped, naming the file
+    p = os.path.join(root, "grpo_B512_s0", "history.parquet")
+    data = open(p, "rb").read()
+    with open(p, "wb") as f:
+        f.write(data[: len(data) // 2])
+    sweep = readers.read_sweep_dir(root)
+    reason = {x["dir"]: x["reason"] for x in sweep.skipped}["grpo_B512_s0"]
+    assert "history.parquet" in reason, reason
+
+
+def test_each_layout_detected_as_its_own(tmp_path):
+    """Auto-detection tells every layout apart (no two formats claim one run), and a sweep
+    mixing them is refused with one line naming each."""
+    pytest.importorskip("tensorboard")
+    r = str(tmp_path)
+    write_trl_run(r, "trl_s0", 16, 4, 8, 10000, 10.0)
+    write_verl_run(r, "verl_s0", 64, 8, 10000, 10.0)
+    _jsonl_to_events(write_verl_run(r, "verltb_s0", 64, 8, 10000, 10.0))
+    write_openrlhf_run(r, "openrlhf_s0", 512, 10.0, 10000)
+    write_primerl_run(r, "prime_s0", 512, 10.0, 10000)
+    write_tb_run(r, "tb_s0", 512, 10.0, 10000)
+    _to_csv(os.path.join(r, "wandb_s0.csv"), wandb_history(512, 10.0, 10000))
+    write_openrlhf_wandb_export(os.path.join(r, "wandbdir_s0"), 512, 10.0, 10000)
+    write_synthetic_run(r, "jaxrl_s0", 512, 10000, 10.0)
+    want = {"trl_s0": "trl", "verl_s0": "verl", "verltb_s0": "verl", "openrlhf_s0": "openrlhf",
+            "prime_s0": "prime-rl", "tb_s0": "tensorboard", "wandb_s0.csv": "wandb",
+            "wandbdir_s0": "wandb", "jaxrl_s0": "jaxrl"}
+    assert {e: readers.detect_format(os.path.join(r, e)) for e in want} == want
+    with pytest.raises(readers.ReaderError) as e:
+        readers.read_sweep_dir(r)
+    msg = str(e.value)
+    assert msg.startswith("format: ") and "\n" not in msg
+    for f in set(want.values()):
+        assert f"{f}: " in msg
+    # one format selected: the others are listed as skipped, saying what they are
+    sweep = readers.read_sweep_dir(r, "prime-rl")
+    assert [x.name for x in sweep.runs] == ["prime_s0"]
+    assert {x["dir"]: x["reason"] for x in sweep.skipped}["openrlhf_s0"].endswith(
+        "(it is a openrlhf run)")

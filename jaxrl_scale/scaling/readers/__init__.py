@@ -61,7 +61,7 @@ def detect_format(run_dir: str) -> str | None:
     """One of FORMATS[1:] or None, from the files in ``run_dir`` (or the file itself: a W&B
     export)."""
     if os.path.isfile(run_dir):
-        return "wandb" if wandb.is_export(run_dir) else None
+        return "wandb" if wandb.is_export(run_dir, unreadable=True) else None
     if trl.is_run(run_dir):
         return "trl"
     if verl.is_run(run_dir):
@@ -132,8 +132,8 @@ def read_sweep_dir(sweep_dir: str, fmt: str = "auto", **overrides) -> FrameworkS
         dirs = [(e, os.path.join(sweep_dir, e)) for e in sorted(os.listdir(sweep_dir))
                 if os.path.isdir(os.path.join(sweep_dir, e)) and not e.startswith((".", "_"))]
         if fmt in ("auto", "wandb"):
-            dirs += [(os.path.splitext(os.path.basename(p))[0], p)
-                     for p in wandb.exports(sweep_dir)]
+            # every table is listed: an export is a run, another CSV is skipped with why
+            dirs += [(os.path.basename(p), p) for p in wandb.tables(sweep_dir)]
     found, skipped = {}, []
     for entry, d in dirs:
         f = _as(fmt, detect_format(d), d)

@@ -33,32 +33,39 @@ VERL_MAP = {"time": "timing_s/step", "eval_time": "timing_s/testing", "gen": "ti
 VERL_SCORE_RE = r"^val-core/.+/mean@\d+$"
 
 
-def columns(path: str) -> list[str]:
-    """The export's column names ([] when it is not a readable CSV/parquet)."""
+def columns(path: str) -> list[str] | None:
+    """The file's column names; None when it cannot be read as CSV/parquet at all."""
     try:
         if path.endswith(".parquet"):
             import pyarrow.parquet as pq
             return list(pq.read_schema(path).names)
         with open(path, newline="", encoding="utf-8") as f:
             return next(csv.reader(f), [])
-    except Exception:      # not ours to read: detection never raises
-        return []
+    except Exception:      # detection never raises: the reader names the problem
+        return None
 
 
-def is_export(path: str) -> bool:
-    cols = columns(path) if path.endswith(EXTS) and os.path.isfile(path) else []
+def is_export(path: str, unreadable: bool = False) -> bool:
+    """A CSV/parquet with W&B's ``_step`` and ``_runtime`` (or ``_timestamp``) columns;
+    ``unreadable``: also one that cannot be read at all (a cut parquet), so that the reader
+    names it rather than it vanishing."""
+    if not (path.endswith(EXTS) and os.path.isfile(path)):
+        return False
+    cols = columns(path)
+    if cols is None:
+        return unreadable
     return STEP in cols and (RUNTIME in cols or TIMESTAMP in cols)
 
 
-def exports(run_dir: str) -> list[str]:
-    """The W&B export files directly in ``run_dir``."""
-    return [p for ext in EXTS for p in sorted(glob.glob(os.path.join(run_dir, "*" + ext)))
-            if is_export(p)]
+def tables(run_dir: str) -> list[str]:
+    """The CSV/parquet files directly in ``run_dir``."""
+    return [p for ext in EXTS for p in sorted(glob.glob(os.path.join(run_dir, "*" + ext)))]
 
 
-def is_run(path: str) -> bool:
-    """An export file, or a directory holding one."""
-    return is_export(path) if os.path.isfile(path) else bool(exports(path))
+def exports(run_dir: str, unreadable: bool = True) -> list[str]:
+    """The W&B export files directly in ``run_dir`` (``unreadable``: and the tables that
+    cannot be read at all, for the reader to name)."""
+    return [p for p in tables(run_dir) if is_export(p, unreadable)]
 
 
 def read_rows(path: str) -> list[tuple[float, dict]]:
