@@ -878,3 +878,22 @@ def test_each_layout_detected_as_its_own(tmp_path):
     assert [x.name for x in sweep.runs] == ["prime_s0"]
     assert {x["dir"]: x["reason"] for x in sweep.skipped}["openrlhf_s0"].endswith(
         "(it is a openrlhf run)")
+
+
+@pytest.mark.slow     # three command launches (~10 s each: the CLI imports jax)
+def test_cli_tag_map_and_new_formats(tmp_path):
+    pytest.importorskip("tensorboard")
+    root = str(tmp_path / "tb")
+    for b, ns, q in SWEEP:
+        write_tb_run(root, f"grpo_B{b}_s0", b, q, ns)
+    res = _cli(f"--sweep_dir={root}", "--format=tensorboard", f"--tag_map={TAG_MAP}",
+               f"--target={TARGET}", "--n_boot=50", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "grpo_B2048" in res.stdout
+    for args, start in [(["--tag_map=score"], "error: tag_map: item 'score' is not field=tag"),
+                        ([], "error: tag_map: run grpo_B1024_s0: TensorBoard event files, "
+                             "but no tag map")]:
+        res = _cli(f"--sweep_dir={root}", f"--target={TARGET}", *args, cwd=tmp_path)
+        lines = [x for x in res.stderr.splitlines() if x.strip()]
+        assert res.returncode == 2 and len(lines) == 1, res.stderr
+        assert lines[0].startswith(start) and ". Fix: " in lines[0], lines[0]
