@@ -94,9 +94,10 @@ def _num(r: dict, key: str | None):
 
 
 def _points(rows, tmap, score, step_is_update):
-    """(train points {step: {field: value}}, eval points [{step, score, eval_n}])."""
+    """(train points {step: {field: value}}, eval points [{step, score, eval_n}], the number
+    of eval rows without a step)."""
     train: dict[float, dict] = {}
-    evals = []
+    evals, stepless = [], 0
     if step_is_update:
         for s, r in rows:
             ts = _num(r, tmap.get("step")) if tmap.get("step") else s
@@ -109,8 +110,10 @@ def _points(rows, tmap, score, step_is_update):
                 if es is not None:
                     evals.append({"step": es, "score": r[score],
                                   "eval_n": _num(r, tmap.get("eval_n"))})
+                else:
+                    stepless += 1
         train = {s: v for s, v in train.items() if v}
-        return train, evals
+        return train, evals, stepless
     # Rows numbered by log order: a train row is one with the first mapped per-step count or
     # time present in the log (elapsed alone: every row without the score).
     present = {k for _, r in rows for k, v in r.items() if is_number(v)}
@@ -125,7 +128,7 @@ def _points(rows, tmap, score, step_is_update):
             train[k] = {f: v for f in _TRAIN_FIELDS if (v := _num(r, tmap.get(f))) is not None}
         if _num(r, score) is not None:
             evals.append({"step": k, "score": r[score], "eval_n": _num(r, tmap.get("eval_n"))})
-    return train, evals
+    return train, evals, 0
 
 
 def run_from_rows(name: str, run_dir: str, framework: str, rows: list[tuple[float, dict]],
@@ -174,7 +177,10 @@ def run_from_rows(name: str, run_dir: str, framework: str, rows: list[tuple[floa
         if tmap.get(f) and tmap[f] not in present:
             raise missing(f, tmap[f])
 
-    train, evals = _points(rows, tmap, score, step_is_update)
+    train, evals, stepless = _points(rows, tmap, score, step_is_update)
+    if stepless:
+        warnings.append(f"{source}: {stepless} {score} value(s) without a step "
+                        f"({tmap.get('eval_step') or tmap.get('step')}) left out")
     steps = sorted(s for s in train if s > 0)
     dts = _times(train, steps, "time" if tkey else "elapsed", step_is_update)
     if not dts:
