@@ -897,3 +897,49 @@ def test_cli_tag_map_and_new_formats(tmp_path):
         lines = [x for x in res.stderr.splitlines() if x.strip()]
         assert res.returncode == 2 and len(lines) == 1, res.stderr
         assert lines[0].startswith(start) and ". Fix: " in lines[0], lines[0]
+
+
+def test_openrlhf_broken_event_file_named(tmp_path):
+    """An event file with no readable record among OpenRLHF runs: still theirs (not a mixed
+    sweep), listed as skipped naming the file; a cut one keeps the steps written before the
+    cut (tensorboard's loader stops there, as for a run still going)."""
+    pytest.importorskip("tensorboard")
+    root = str(tmp_path)
+    write_openrlhf_run(root, "a_s0", 512, 10.0, 10000)
+    d = write_openrlhf_run(root, "b_s0", 1024, 15.0, 10000)
+    (p,) = [os.path.join(d, f) for f in os.listdir(d)]
+    data = open(p, "rb").read()
+    with open(p, "wb") as f:
+        f.write(data[: len(data) // 2])
+    os.makedirs(os.path.join(root, "c_s0"))
+    with open(os.path.join(root, "c_s0", "events.out.tfevents.1700000000.host.1.0"), "wb") as f:
+        f.write(b"\x00not an event file\x00" * 10)
+    for fmt in ("auto", "openrlhf"):
+        sweep = readers.read_sweep_dir(root, fmt)
+        assert sweep.format == "openrlhf" and [r.name for r in sweep.runs] == ["a_s0", "b_s0"]
+        (skip,) = sweep.skipped
+        assert skip["dir"] == "c_s0" and "c_s0/events.out.tfevents." in skip["reason"]
+        assert "no scalar events" in skip["reason"]
+    b = next(r for r in sweep.runs if r.name == "b_s0")
+    assert 0 < b.train[-1]["step"] < 40
+
+
+def test_wandb_verl_export_detected(tmp_path):
+    """verl's W&B tracker logs wandb.log(data, step=step) (verl/utils/tracking.py), so _step is
+    verl's step and the names are its FileLogger's: recognised without a map; the batch (not
+    logged) comes from --responses_per_step; timing_s/testing is taken out of timing_s/step."""
+    d = write_verl_run(tmp_path / "v", "grpo_B1024_s0", 128, 8, 10000, 15.0)
+    rows, t = [], 0.0
+    for line in open(os.path.join(d, "metrics.jsonl")):
+        rec = json.loads(line)
+        t += rec["data"].get("timing_s/step", 0.0)
+        rows.append({"_step": rec["step"], "_runtime": t, "_timestamp": 1.7e9 + t,
+                     **rec["data"]})
+    _to_csv(os.path.join(tmp_path, "grpo_B1024_s0.csv"), rows)
+    with pytest.raises(readers.ReaderError, match="^responses_per_step: run grpo_B1024_s0: "):
+        readers.read_sweep_dir(str(tmp_path), "wandb")
+    (run,) = readers.read_sweep_dir(str(tmp_path), "wandb", responses_per_step=1024).runs
+    assert run.batch == 1024 and run.evals[0]["responses"] == 0
+    assert run.evals[-1]["responses"] == 40 * 1024
+    assert run.train[-1]["time_s"] == pytest.approx(40 * 1024 / 15.0)
+    assert run.train[0]["gen_s"] == pytest.approx(1 + 1024e-3)

@@ -84,10 +84,13 @@ def detect_format(run_dir: str) -> str | None:
 
 def _as(fmt: str, found: str | None, d: str) -> str | None:
     """--format=tensorboard reads any event directory through the tag map (verl's and
-    OpenRLHF's too, unless verl's JSONL is there); --format=prime-rl a metrics.jsonl whose
-    first line is cut."""
+    OpenRLHF's too, unless verl's JSONL is there); --format=verl|openrlhf an event directory
+    without a readable scalar, and --format=prime-rl a metrics.jsonl whose first line is cut
+    (their readers name the file)."""
     if fmt == "tensorboard" and found in _EVENTS and not verl.is_run(d):
         return "tensorboard"
+    if fmt in ("verl", "openrlhf") and found == "tensorboard" and not tensorboard.tags(d):
+        return fmt            # no scalar to tell by: the reader names the file
     if fmt == "prime-rl" and found == "jaxrl" and primerl.is_run(d, unreadable=True):
         return "prime-rl"     # its first line cut: the prime-rl reader names the file
     return found
@@ -145,6 +148,13 @@ def read_sweep_dir(sweep_dir: str, fmt: str = "auto", **overrides) -> FrameworkS
             skipped.append({"dir": entry, "reason": f"{_WANT[fmt]} (it is a {f} run)"})
         else:
             found[entry] = (f, d)
+    # Event files without a readable scalar cannot say whose they are: in a sweep of one
+    # event-file framework they are that framework's (its reader names the broken file).
+    blind = [e for e, (f, d) in found.items() if f == "tensorboard" and not tensorboard.tags(d)]
+    seen = {f for e, (f, _) in found.items() if e not in blind}
+    if blind and len(seen) == 1 and seen <= {"verl", "openrlhf"}:
+        for e in blind:
+            found[e] = (next(iter(seen)), found[e][1])
     kinds = sorted({f for f, _ in found.values()})
     if len(kinds) > 1:
         which = "; ".join(f"{k}: " + ", ".join(e for e, (f, _) in found.items() if f == k)

@@ -86,6 +86,9 @@ def read_event_records(run_dir: str) -> tuple[list[dict], str]:
         except Exception as e:     # a corrupt record: the reader's own error types vary
             raise SkipRun(f"{p}: unreadable event file ({type(e).__name__}: {e})") from None
     src = files[0] if len(files) == 1 else f"{len(files)} event files under {run_dir}"
+    if not by_step:    # tensorboard's loader reads a file of garbage as no events at all
+        raise SkipRun(f"{src}: no scalar events (empty, cut before its first record, or not "
+                      "an event file)")
     return [by_step[s] for s in sorted(by_step)], src
 
 
