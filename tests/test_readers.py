@@ -838,7 +838,7 @@ def test_wandb_parquet_openrlhf_detected(tmp_path):
     assert readers.detect_format(os.path.join(root, "grpo_B512_s0")) == "wandb"
     s = analyze_and_report(root, TARGET, tolerance=0.1)    # no map: OpenRLHF's columns
     _check_known_answer(s, "wandb-openrlhf")
-    assert any("columns of a openrlhf run" in w for w in s["warnings"])
+    assert any("history.parquet: the columns openrlhf logs" in w for w in s["warnings"])
     # a cut parquet: listed as skipped, naming the file
     p = os.path.join(root, "grpo_B512_s0", "history.parquet")
     data = open(p, "rb").read()

@@ -127,7 +127,7 @@ def read_run(path: str, name: str | None = None, **overrides) -> sio.Run:
     tmap = mapped.present_only(tmap, cols)
     user = mapped.parse_tag_map(overrides.get("tag_map"))
     if framework:
-        warnings.insert(0, f"{file}: columns of a {framework} run, read with its names")
+        warnings.insert(0, f"{file}: the columns {framework} logs, read with its names")
     elif not user:
         raise ReaderError("tag_map", f"run {name}: {file} is a W&B export whose columns are "
                           "not a known framework's, and no tag map says which is the eval "
