@@ -104,7 +104,8 @@ def _read(fmt: str, run_dir: str, overrides: dict) -> sio.Run:
 
 def read_sweep_dir(sweep_dir: str, fmt: str = "auto", **overrides) -> FrameworkSweep:
     """Every subdirectory of ``sweep_dir`` in a known layout is a run (``sweep_dir`` itself,
-    when it is one); the others are listed as skipped with the reason. ``overrides`` (see
+    when it is one), as is every W&B export file in it; the others are listed as skipped
+    with the reason. ``overrides`` (see
     OVERRIDE_KEYS; None values ignored) supply what a log lacks. FileNotFoundError when the
     directory is missing; ReaderError (one line naming the flag) for a mixed sweep, an
     unknown format or an undeterminable batch."""
