@@ -880,7 +880,7 @@ def test_each_layout_detected_as_its_own(tmp_path):
         "(it is a openrlhf run)")
 
 
-@pytest.mark.slow     # three command launches (~10 s each: the CLI imports jax)
+@pytest.mark.slow     # three command launches (a few seconds each)
 def test_cli_tag_map_and_new_formats(tmp_path):
     pytest.importorskip("tensorboard")
     root = str(tmp_path / "tb")
@@ -943,3 +943,36 @@ def test_wandb_verl_export_detected(tmp_path):
     assert run.evals[-1]["responses"] == 40 * 1024
     assert run.train[-1]["time_s"] == pytest.approx(40 * 1024 / 15.0)
     assert run.train[0]["gen_s"] == pytest.approx(1 + 1024e-3)
+
+
+_NO_JAX = """
+import sys
+from absl import flags
+from jaxrl_scale.cli import analyze
+FLAGS = flags.FLAGS
+for argv in sys.argv[1:]:
+    FLAGS.unparse_flags()
+    FLAGS(["analyze"] + argv.split())
+    try:
+        rc = analyze.main([])
+    except SystemExit as e:       # one_line_errors ends a bad flag with exit 2
+        rc = e.code
+    print("rc", rc)
+print("loaded", sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "optax", "flax")
+                       or m in ("jaxrl_scale.optim", "jaxrl_scale.experiment.config")))
+"""
+
+
+def test_cli_imports_no_jax(tmp_path):
+    """jaxrl-analyze (a bad flag, then a verl sweep: its runs' lr rule is read from their
+    names) never imports JAX: ~10 s of every launch on a laptop, for nothing it uses."""
+    root = verl_sweep(tmp_path / "verl")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    res = subprocess.run([sys.executable, "-c", _NO_JAX, f"--sweep_dir={root} --ci_level=2",
+                          f"--sweep_dir={root} --target={TARGET} --n_boot=50"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stdout.splitlines()
+    assert [x for x in lines if x.startswith("rc ")] == ["rc 2", "rc 0"], res.stdout[-3000:]
+    assert "error: ci_level: must be in (0, 1)" in res.stderr
+    assert lines[-1] == "loaded []", lines[-1]

@@ -72,7 +72,7 @@ MIN_BOOT = 20    # fewer give no replicate beyond a 90% interval's 5%/95% quanti
 def check_flags() -> None:
     """ConfigError (one line, exit 2) for a flag the analysis cannot use; before any data."""
     import math
-    from jaxrl_scale.experiment.config import ConfigError
+    from jaxrl_scale.experiment.errors import ConfigError
     if not (math.isfinite(FLAGS.ci_level) and 0 < FLAGS.ci_level < 1):
         raise ConfigError("ci_level", f"must be in (0, 1), got {FLAGS.ci_level}",
                           "set --ci_level in (0, 1), e.g. 0.9")
@@ -107,7 +107,7 @@ def main(argv):
     with one_line_errors():
         check_flags()
         if FLAGS.sweep_dir is None and not FLAGS.csv:
-            from jaxrl_scale.experiment.config import ConfigError
+            from jaxrl_scale.experiment.errors import ConfigError
             raise ConfigError("sweep_dir", "no runs given", "pass --sweep_dir=DIR or --csv=FILE")
     try:
         summary = analyze_and_report(FLAGS.sweep_dir, FLAGS.target, FLAGS.reference,
