@@ -17,8 +17,10 @@ ours; TensorBoard event files without a ``metrics.jsonl`` are verl's (``timing_s
 any TensorBoard run (read through ``--tag_map``); a CSV/parquet with ``_step`` and
 ``_runtime`` columns is a W&B history export (each such file directly in the sweep directory
 is a run, as is a subdirectory holding one).
-A sweep mixing frameworks is refused (`ReaderError`), as is a run whose batch cannot be
-determined; a run without evals or with an unreadable log is listed as skipped with the reason.
+A sweep mixing frameworks is refused (`ReaderError`), as is one mixing tasks (where the runs'
+files name their task: ours config.json ``task`` + ``task_kwargs``, verl ``data.train_files``
+/ ``data.val_files``, TRL ``dataset_name`` / ``dataset_config``, prime-rl its training
+envs; OpenRLHF logs none) and a run whose batch cannot be determined; a run without evals or with an unreadable log is listed as skipped with the reason.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import os
 from jaxrl_scale.scaling import io as sio
 from jaxrl_scale.scaling.readers import (mapped, openrlhf, primerl, tensorboard, trl, verl,
                                          wandb)
-from jaxrl_scale.scaling.readers.common import ReaderError, SkipRun, positive
+from jaxrl_scale.scaling.readers.common import (ReaderError, SkipRun, check_one_task, positive,
+                                                task_of)
 
 FORMATS = ("auto", "jaxrl", "trl", "verl", "openrlhf", "prime-rl", "tensorboard", "wandb")
 _READERS = {"trl": trl.read_run, "verl": verl.read_run, "openrlhf": openrlhf.read_run,
@@ -49,7 +52,8 @@ OVERRIDE_KEYS = ("responses_per_step", "world_size", "gradient_accumulation_step
                  "per_device_train_batch_size", "train_batch_size", "rollout_n", "score_key",
                  "tag_map", "algo")
 
-__all__ = ["FORMATS", "ReaderError", "FrameworkSweep", "detect_format", "read_sweep_dir"]
+__all__ = ["FORMATS", "ReaderError", "FrameworkSweep", "check_one_task", "detect_format",
+           "read_sweep_dir", "task_of"]
 
 
 @dataclasses.dataclass
@@ -107,8 +111,8 @@ def read_sweep_dir(sweep_dir: str, fmt: str = "auto", **overrides) -> FrameworkS
     when it is one), as is every W&B export file in it; the others are listed as skipped
     with the reason. ``overrides`` (see
     OVERRIDE_KEYS; None values ignored) supply what a log lacks. FileNotFoundError when the
-    directory is missing; ReaderError (one line naming the flag) for a mixed sweep, an
-    unknown format or an undeterminable batch."""
+    directory is missing; ReaderError (one line naming the flag) for a sweep mixing frameworks
+    or tasks, an unknown format or an undeterminable batch."""
     if fmt not in FORMATS:
         raise ReaderError("format", f"unknown format {fmt!r}",
                           f"pass one of {', '.join(FORMATS)}")
@@ -166,6 +170,7 @@ def read_sweep_dir(sweep_dir: str, fmt: str = "auto", **overrides) -> FrameworkS
                           "framework's runs)")
     if kinds in ([], ["jaxrl"]) and fmt in ("auto", "jaxrl"):
         own_sweep = sio.read_sweep(sweep_dir)     # ours: read exactly as always
+        check_one_task(own_sweep.runs, sweep_dir)
         return FrameworkSweep(own_sweep.runs, own_sweep.skipped, format="jaxrl")
     runs = []
     for entry, (f, d) in found.items():
@@ -177,5 +182,6 @@ def read_sweep_dir(sweep_dir: str, fmt: str = "auto", **overrides) -> FrameworkS
             if isinstance(e, (ReaderError, sio.DataError)):
                 raise
             skipped.append({"dir": entry, "reason": f"unreadable: {e}"})
+    check_one_task(runs, sweep_dir)
     return FrameworkSweep(runs, skipped, format=kinds[0] if kinds else
                           (fmt if fmt != "auto" else "jaxrl"))

@@ -136,3 +136,57 @@ def build_run(name: str, run_dir: str, framework: str, batch: float,
     run = sio.make_run(name, records, config, path=run_dir)
     run.warnings.extend(warnings)
     return run
+
+
+def with_task(run: sio.Run, task: str | None) -> sio.Run:
+    """``run`` carrying its task identity (``config["task"]``) when its files say it."""
+    if task:
+        run.config["task"] = task
+    return run
+
+
+def task_of(run: sio.Run) -> str | None:
+    """What the run was trained and evaluated on, as far as its files say; None when unknown.
+    Ours: config.json ``task`` plus its ``task_kwargs`` (arithmetic with 2 digits is not
+    arithmetic with 4); another framework's run: what its reader found (`with_task`)."""
+    task = run.config.get("task") if isinstance(run.config, dict) else None
+    if not isinstance(task, str) or not task:
+        return None
+    kwargs = run.config.get("task_kwargs")
+    if run.config.get("framework") is None and isinstance(kwargs, dict) and kwargs:
+        return f"{task} {json.dumps(kwargs, sort_keys=True, separators=(',', ':'))}"
+    return task
+
+
+def data_path_id(value: Any) -> str | None:
+    """A data-file setting (a path, a list of paths, or a list written as a string) as its
+    files' last two path components ("gsm8k/train.parquet"), comma-joined: the same data
+    under another home directory or mount is the same task, another directory is not."""
+    if isinstance(value, str) and value.strip().startswith("["):
+        value = [v.strip().strip("'\"") for v in value.strip()[1:-1].split(",")]
+    items = value if isinstance(value, (list, tuple)) else [value]
+    out = []
+    for v in items:
+        if not isinstance(v, str) or not v.strip():
+            continue
+        parts = [p for p in os.path.normpath(v.strip()).replace("\\", "/").split("/") if p]
+        out.append("/".join(parts[-2:]))
+    return ",".join(out) or None
+
+
+def check_one_task(runs: list[sio.Run], where: str | None) -> None:
+    """ReaderError naming two runs and their tasks when the known task identities of
+    ``runs`` differ: time-to-target on different tasks compares nothing. Runs whose task is
+    unknown pass."""
+    first: tuple[str, str] | None = None
+    for r in runs:
+        t = task_of(r)
+        if t is None:
+            continue
+        if first is None:
+            first = (r.name, t)
+        elif t != first[1]:
+            raise ReaderError("task", f"{where or 'the sweep'} mixes runs of different tasks "
+                              f"(run {first[0]}: {first[1]}; run {r.name}: {t})",
+                              "analyse one task's runs per sweep directory (move the others "
+                              "out); if it is the same data, make their configs name it alike")

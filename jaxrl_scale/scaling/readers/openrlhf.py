@@ -62,13 +62,14 @@ def preset(keys: set[str], wandb: bool = False) -> tuple[dict, list[str]]:
 def read_run(run_dir: str, name: str | None = None, **overrides) -> sio.Run:
     """One OpenRLHF run directory (its event files, anywhere under it)."""
     name = name or os.path.basename(os.path.normpath(run_dir))
-    records, src = tensorboard.read_event_records(run_dir)
+    records, src, cut = tensorboard.read_event_records(run_dir)
     rows = [(r["step"], {k: v for k, v in r.items() if k != "step"}) for r in records]
     keys = {k for _, r in rows for k in r}
     tmap, warnings = preset(keys)
     tmap = mapped.present_only(tmap, keys)
     tmap.update(mapped.parse_tag_map(overrides.get("tag_map")))
-    return mapped.run_from_rows(name, run_dir, "openrlhf", rows, tmap, source=src,
-                                overrides=overrides, step_is_update=True,
-                                score_pattern=SCORE_RE, score_desc=SCORE_DESC,
-                                warnings=warnings)
+    with tensorboard.cut_noted(cut):
+        return mapped.run_from_rows(name, run_dir, "openrlhf", rows, tmap, source=src,
+                                    overrides=overrides, step_is_update=True,
+                                    score_pattern=SCORE_RE, score_desc=SCORE_DESC,
+                                    warnings=cut + warnings)

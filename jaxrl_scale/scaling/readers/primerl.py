@@ -22,6 +22,12 @@ from the trainer's ``time/forward_backward``. The eval score is the first ``avg@
 (sorted: ``all`` before ``effective``) or ``--score_key``; it is placed at its
 ``policy_version`` (the updates the evaluated policy had; without it, the step before the
 line's, with a warning). prime-rl does not log the eval sample count.
+
+The run's task: the ``env`` block of each training source (``train.source[i].env``, the
+verifiers environment and its knobs) in the resolved config the ``rl`` entrypoint writes to
+``<run dir>/configs/`` (``src/prime_rl/entrypoints/rl.py`` ``write_subconfigs``:
+``orchestrator.json``; ``write_config``: ``rl.json``, under ``orchestrator``;
+``utils/pathing.py`` ``get_config_dir``); unknown without those files.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import re
 from jaxrl_scale.numbers import is_number
 from jaxrl_scale.scaling import io as sio
 from jaxrl_scale.scaling.readers import mapped
-from jaxrl_scale.scaling.readers.common import SkipRun
+from jaxrl_scale.scaling.readers.common import SkipRun, load_structured, nested_get, with_task
 
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_KEYS = ("progress/rollouts", "progress/num_samples")
@@ -71,6 +77,28 @@ def is_run(run_dir: str, unreadable: bool = False) -> bool:
         return unreadable
     return isinstance(rec, dict) and is_number(rec.get("step")) and \
         is_number(rec.get("time")) and "data" not in rec and any("/" in k for k in rec)
+
+
+CONFIG_FILES = ((os.path.join("configs", "orchestrator.json"), "train.source"),
+                (os.path.join("configs", "rl.json"), "orchestrator.train.source"))
+
+
+def task(run_dir: str) -> str | None:
+    """The training sources' ``env`` blocks (compact JSON, sorted keys, joined by "+") from
+    the run's resolved config; None when it is not there or names no source."""
+    for rel, key in CONFIG_FILES:
+        p = os.path.join(run_dir, rel)
+        if not os.path.isfile(p):
+            continue
+        try:
+            sources = nested_get(load_structured(p), key)
+        except (ValueError, OSError):
+            continue
+        envs = [json.dumps(x["env"], sort_keys=True, separators=(",", ":"))
+                for x in sources or [] if isinstance(x, dict) and isinstance(x.get("env"), dict)]
+        if envs:
+            return "+".join(envs)
+    return None
 
 
 def read_run(run_dir: str, name: str | None = None, **overrides) -> sio.Run:
@@ -116,6 +144,7 @@ def read_run(run_dir: str, name: str | None = None, **overrides) -> sio.Run:
     rows = [(s, {k: v for k, v in d.items() if is_number(v)}) for s, d in rows]
     have = {k for _, d in rows for k in d}
     tmap = {f: k for f, k in _MAP.items() if k in have}
-    return mapped.run_from_rows(name, run_dir, "prime-rl", rows, tmap, source=path,
-                                overrides=dict(overrides, score_key=None),
-                                step_is_update=True, warnings=warnings, score_name=score)
+    return with_task(mapped.run_from_rows(name, run_dir, "prime-rl", rows, tmap, source=path,
+                                          overrides=dict(overrides, score_key=None),
+                                          step_is_update=True, warnings=warnings,
+                                          score_name=score), task(run_dir))

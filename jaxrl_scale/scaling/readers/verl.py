@@ -21,7 +21,8 @@ installed, else JSON); the overrides fill what it lacks. Wall time = cumulative
 ``elapsed_seconds``); generation and update time per step from ``timing_s/gen`` and
 ``timing_s/update_actor``.
 The eval score is the first ``val-core/.../mean@N`` key (sorted), or the chosen key. verl does
-not log the number of eval samples: eval noise is estimated from the curve.
+not log the number of eval samples: eval noise is estimated from the curve. The run's task is
+its config's ``data.train_files`` and ``data.val_files`` (a sweep mixing tasks is refused).
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ import re
 
 from jaxrl_scale.numbers import is_number
 from jaxrl_scale.scaling import io as sio
-from jaxrl_scale.scaling.readers.common import (ReaderError, SkipRun, build_run,
-                                                load_structured, nested_get, positive)
-from jaxrl_scale.scaling.readers.tensorboard import event_files, read_event_records
+from jaxrl_scale.scaling.readers.common import (ReaderError, SkipRun, build_run, data_path_id,
+                                                load_structured, nested_get, positive,
+                                                with_task)
+from jaxrl_scale.scaling.readers.tensorboard import cut_noted, event_files, read_event_records
 
 CONFIG_FILES = (os.path.join(".hydra", "config.yaml"), "config.yaml")
 _VAL_RE = re.compile(r"^val-core/.+/mean@\d+$")
@@ -92,6 +94,15 @@ def read_config(run_dir: str) -> tuple[dict, str | None]:
     return {}, None
 
 
+def task(config: dict) -> str | None:
+    """The run's task: its ``data.train_files`` and ``data.val_files`` (last two path
+    components each, `data_path_id`); None when the config names neither."""
+    parts = [f"{k}={v}" for k, v in (
+        ("train_files", data_path_id(nested_get(config, "data.train_files"))),
+        ("val_files", data_path_id(nested_get(config, "data.val_files")))) if v]
+    return " ".join(parts) or None
+
+
 def responses_per_step(run_dir: str, config: dict, cpath: str | None, overrides: dict
                        ) -> float:
     tbs = positive(nested_get(config, "data.train_batch_size"))
@@ -145,12 +156,21 @@ def read_run(run_dir: str, name: str | None = None, **overrides) -> sio.Run:
     except ValueError as e:
         raise SkipRun(str(e)) from None
     batch = responses_per_step(run_dir, config, cpath, overrides)
+    cut: list[str] = []
     if path is not None:
         records, bad = read_records(path)
         warnings = [f"{bad} unreadable line(s) in {path} (truncated?)"] if bad else []
     else:
-        records, path = read_event_records(run_dir)
-        warnings = []
+        records, path, cut = read_event_records(run_dir)
+        warnings = list(cut)
+    with cut_noted(cut):
+        run = _from_records(name, run_dir, path, records, warnings, config, batch, overrides)
+    return with_task(run, task(config))
+
+
+def _from_records(name: str, run_dir: str, path: str, records: list[dict],
+                  warnings: list[str], config: dict, batch: float, overrides: dict
+                  ) -> sio.Run:
 
     keys = sorted({k for r in records for k in r if is_number(r.get(k))})
     chosen = overrides.get("score_key")
