@@ -976,3 +976,96 @@ def test_cli_imports_no_jax(tmp_path):
     assert [x for x in lines if x.startswith("rc ")] == ["rc 2", "rc 0"], res.stdout[-3000:]
     assert "error: ci_level: must be in (0, 1)" in res.stderr
     assert lines[-1] == "loaded []", lines[-1]
+
+
+# ----------------------------------------------------------------------------- mixed tasks
+
+
+def _set_config(path, dotted, value):
+    """Rewrite one key of a run's YAML/JSON config (the framework wrote the rest)."""
+    from jaxrl_scale.scaling.readers.common import load_structured
+    d = load_structured(path)
+    *head, last = dotted.split(".")
+    cur = d
+    for k in head:
+        cur = cur[k]
+    cur[last] = value
+    _dump_yaml(path, d)
+
+
+def _mixed(root, fmt="auto", **kw):
+    with pytest.raises(readers.ReaderError) as e:
+        readers.read_sweep_dir(str(root), fmt, **kw)
+    msg = str(e.value)
+    assert e.value.field == "task" and "\n" not in msg and ". Fix: " in msg, msg
+    return msg
+
+
+def test_mixed_tasks_refused_ours(tmp_path):
+    """config.json task + task_kwargs: 2-digit arithmetic is not 4-digit arithmetic; a run
+    whose config names no task (an older log) joins either."""
+    for b, digits in ((512, 2), (1024, 2), (2048, 4)):
+        write_synthetic_run(str(tmp_path), f"grpo_B{b}_sqrt_s0", b, 10000, 10.0,
+                            extra_config={"task": "arithmetic",
+                                          "task_kwargs": {"digits": digits, "ops": "+-"}})
+    msg = _mixed(tmp_path)
+    assert ('(run grpo_B1024_sqrt_s0: arithmetic {"digits":2,"ops":"+-"}; run '
+            'grpo_B2048_sqrt_s0: arithmetic {"digits":4,"ops":"+-"})') in msg, msg
+    # --format=jaxrl reads through analysis.load_runs: refused there too
+    with pytest.raises(readers.ReaderError, match="^task: .* mixes runs of different tasks"):
+        analyze_and_report(str(tmp_path), TARGET, fmt="jaxrl")
+    write_synthetic_run(str(tmp_path), "grpo_B2048_sqrt_s0", 2048, 12000, 24.0)  # no task
+    write_synthetic_run(str(tmp_path), "grpo_B4096_sqrt_s0", 4096, 12000, 24.0,
+                        config=False)
+    sweep = readers.read_sweep_dir(str(tmp_path))
+    assert len(sweep.runs) == 4
+    assert [readers.task_of(r) for r in sweep.runs].count(None) == 2
+
+
+def test_mixed_tasks_refused_verl(tmp_path):
+    root = verl_sweep(tmp_path)
+    cfg = os.path.join(root, "grpo_B1024_s0", ".hydra", "config.yaml")
+    # the same files under another home directory: the same task
+    _set_config(cfg, "data.train_files", "/mnt/shared/gsm8k/train.parquet")
+    sweep = readers.read_sweep_dir(root)
+    assert {readers.task_of(r) for r in sweep.runs} == {
+        "train_files=gsm8k/train.parquet val_files=gsm8k/test.parquet"}
+    _set_config(cfg, "data.train_files", ["~/data/math/train.parquet",
+                                          "~/data/gsm8k/train.parquet"])
+    msg = _mixed(root)
+    # runs in directory order: grpo_B1024_s0 is the first with a task
+    assert msg.startswith(f"task: {root} mixes runs of different tasks (run grpo_B1024_s0: "
+                          "train_files=math/train.parquet,gsm8k/train.parquet "
+                          "val_files=gsm8k/test.parquet; run grpo_B2048_s0: "
+                          "train_files=gsm8k/train.parquet val_files=gsm8k/test.parquet). "
+                          "Fix: "), msg
+    # a config without data files: unknown, allowed
+    _set_config(cfg, "data", {"train_batch_size": 128})
+    assert len(readers.read_sweep_dir(root).runs) == 3
+
+
+def test_mixed_tasks_refused_trl(tmp_path):
+    root = trl_sweep(tmp_path)
+    cfg = os.path.join(root, "grpo_B2048_s0", "grpo_config.yaml")
+    _set_config(cfg, "dataset_config", "main")
+    msg = _mixed(root)
+    assert "(run grpo_B1024_s0: openai/gsm8k; run grpo_B2048_s0: openai/gsm8k:main)" in msg
+    _set_config(cfg, "dataset_config", None)
+    _set_config(cfg, "dataset_name", None)    # no dataset named: unknown, allowed
+    sweep = readers.read_sweep_dir(root)
+    assert {r.name: readers.task_of(r) for r in sweep.runs} == {
+        "grpo_B512_s0": "openai/gsm8k", "grpo_B1024_s0": "openai/gsm8k", "grpo_B2048_s0": None}
+
+
+def test_mixed_tasks_refused_primerl(tmp_path):
+    """prime-rl's resolved config in <run dir>/configs/: its training sources' env blocks."""
+    root = str(tmp_path)
+    for b, ns, q in SWEEP:
+        d = write_primerl_run(root, f"grpo_B{b}_s0", b, q, ns)
+        env = {"taskset": {"id": "gsm8k" if b < 2048 else "math500"}}
+        os.makedirs(os.path.join(d, "configs"))
+        with open(os.path.join(d, "configs", "orchestrator.json"), "w") as f:
+            json.dump({"train": {"source": [{"env": env, "ratio": 1.0}]}}, f, indent=2)
+    msg = _mixed(root)
+    assert ('(run grpo_B1024_s0: {"taskset":{"id":"gsm8k"}}; run grpo_B2048_s0: '
+            '{"taskset":{"id":"math500"}})') in msg, msg
