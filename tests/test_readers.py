@@ -902,7 +902,8 @@ def test_cli_tag_map_and_new_formats(tmp_path):
 def test_openrlhf_broken_event_file_named(tmp_path):
     """An event file with no readable record among OpenRLHF runs: still theirs (not a mixed
     sweep), listed as skipped naming the file; a cut one keeps the steps written before the
-    cut (tensorboard's loader stops there, as for a run still going)."""
+    cut (tensorboard's loader stops there, as for a run still going), with a warning naming
+    the file."""
     pytest.importorskip("tensorboard")
     root = str(tmp_path)
     write_openrlhf_run(root, "a_s0", 512, 10.0, 10000)
@@ -922,6 +923,7 @@ def test_openrlhf_broken_event_file_named(tmp_path):
         assert "no scalar events" in skip["reason"]
     b = next(r for r in sweep.runs if r.name == "b_s0")
     assert 0 < b.train[-1]["step"] < 40
+    assert any(w.startswith(f"{p}: truncated after ") for w in b.warnings), b.warnings
 
 
 def test_wandb_verl_export_detected(tmp_path):
@@ -1069,3 +1071,69 @@ def test_mixed_tasks_refused_primerl(tmp_path):
     msg = _mixed(root)
     assert ('(run grpo_B1024_s0: {"taskset":{"id":"gsm8k"}}; run grpo_B2048_s0: '
             '{"taskset":{"id":"math500"}})') in msg, msg
+
+
+# ----------------------------------------------------------------------------- cut event files
+
+
+def _record_offsets(path):
+    """Byte offset of each TFRecord in an event file (uint64 length, 4-byte length CRC, data,
+    4-byte data CRC), the test's own walk of what tensorboard's writer wrote."""
+    import struct
+    data, out, pos = open(path, "rb").read(), [], 0
+    while pos < len(data):
+        out.append(pos)
+        pos += 12 + struct.unpack("<Q", data[pos:pos + 8])[0] + 4
+    assert pos == len(data)
+    return out, data
+
+
+def test_cut_event_file_named_with_offset(tmp_path):
+    """tensorboard's loader stops silently at a cut or corrupt record: the run still reads
+    what precedes it, with a warning naming the file, the records read and the byte offset;
+    a run whose only file is cut before its first whole record is skipped saying so."""
+    pytest.importorskip("tensorboard")
+    from jaxrl_scale.scaling.readers import tensorboard as tb
+    root = str(tmp_path)
+    for b, ns, q in SWEEP:
+        write_tb_run(root, f"grpo_B{b}_s0", b, q, ns)
+    events = {b: tb.event_files(os.path.join(root, f"grpo_B{b}_s0"))[0] for b, _, _ in SWEEP}
+    for p in events.values():
+        assert tb.frame_records(p)[3] is None     # a whole file: no problem (its CRCs check)
+    # cut mid-data of record 100 (each step logs 3-4 scalars, one event each)
+    offs, data = _record_offsets(events[1024])
+    open(events[1024], "wb").write(data[: offs[100] + 20])
+    # the data of record 50 damaged: the loader stops there (failed data CRC)
+    offs2, data2 = _record_offsets(events[2048])
+    bad = bytearray(data2)
+    bad[offs2[50] + 14] ^= 0xFF
+    open(events[2048], "wb").write(bytes(bad))
+    # a run of one file cut inside its first record's header
+    d = os.path.join(root, "grpo_B4096_s0", "tb")
+    os.makedirs(d)
+    open(os.path.join(d, os.path.basename(events[512])), "wb").write(data[:7])
+    sweep = readers.read_sweep_dir(root, "tensorboard", tag_map=TAG_MAP)
+    runs = {r.name: r for r in sweep.runs}
+    (w,) = [x for x in runs["grpo_B1024_s0"].warnings if "truncated" in x]
+    assert w.startswith(f"{events[1024]}: truncated after 100 records (the record at byte "
+                        f"{offs[100]} runs past the end of the file at byte {offs[100] + 20}")
+    assert runs["grpo_B1024_s0"].train[-1]["step"] < 40    # the steps before the cut, read
+    (w,) = [x for x in runs["grpo_B2048_s0"].warnings if "unreadable record" in x]
+    assert w.startswith(f"{events[2048]}: unreadable record at byte {offs2[50]} (its data "
+                        f"fails its CRC) after 50 of {len(offs2)} records")
+    assert not [x for x in runs["grpo_B512_s0"].warnings if events[512] in x]
+    (skip,) = sweep.skipped
+    assert skip["dir"] == "grpo_B4096_s0" and "no scalar events" in skip["reason"]
+    assert "truncated after 0 records (the record at byte 0 runs past the end of the file at " \
+        "byte 7" in skip["reason"], skip["reason"]
+    # a file of garbage: its first length fails its CRC
+    open(os.path.join(d, os.path.basename(events[512])), "wb").write(b"\x00not events\x00" * 9)
+    sweep = readers.read_sweep_dir(root, "tensorboard", tag_map=TAG_MAP)
+    assert "corrupt record header at byte 0 after 0 records" in sweep.skipped[0]["reason"]
+    # cut before its first eval: skipped for that, and the cut named as the likely reason
+    offs3, data3 = _record_offsets(events[512])
+    open(events[512], "wb").write(data3[: offs3[3] + 2])
+    sweep = readers.read_sweep_dir(root, "tensorboard", tag_map=TAG_MAP)
+    reason = {x["dir"]: x["reason"] for x in sweep.skipped}["grpo_B512_s0"]
+    assert "no eval score" in reason and f"truncated after 3 records (the record at byte " \
+        f"{offs3[3]} " in reason, reason
