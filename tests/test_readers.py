@@ -966,17 +966,29 @@ print("loaded", sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "opt
 
 
 def test_cli_imports_no_jax(tmp_path):
-    """jaxrl-analyze (a bad flag, then a verl sweep: its runs' lr rule is read from their
-    names) never imports JAX: ~10 s of every launch on a laptop, for nothing it uses."""
+    """jaxrl-analyze (a bad flag, a sweep mixing tasks, then a verl sweep: its runs' lr rule
+    is read from their names) never imports JAX: seconds of every launch, for nothing it
+    uses. The refusals are one line each, exit 2."""
     root = verl_sweep(tmp_path / "verl")
+    mixed = tmp_path / "mixed"
+    for b, task in ((512, "arithmetic"), (1024, "gsm8k")):
+        write_synthetic_run(str(mixed), f"grpo_B{b}_sqrt_s0", b, 10000, 10.0,
+                            extra_config={"task": task})
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     res = subprocess.run([sys.executable, "-c", _NO_JAX, f"--sweep_dir={root} --ci_level=2",
+                          f"--sweep_dir={mixed} --format=jaxrl",
                           f"--sweep_dir={root} --target={TARGET} --n_boot=50"],
                          capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     lines = res.stdout.splitlines()
-    assert [x for x in lines if x.startswith("rc ")] == ["rc 2", "rc 0"], res.stdout[-3000:]
-    assert "error: ci_level: must be in (0, 1)" in res.stderr
+    assert [x for x in lines if x.startswith("rc ")] == ["rc 2", "rc 2", "rc 0"], \
+        res.stdout[-3000:]
+    errors = [x for x in res.stderr.splitlines() if x.startswith("error: ")]
+    assert errors[0].startswith("error: ci_level: must be in (0, 1)"), errors
+    assert errors[1] == (f"error: task: {mixed} mixes runs of different tasks (run "
+                         "grpo_B1024_sqrt_s0: gsm8k; run grpo_B512_sqrt_s0: arithmetic). Fix: "
+                         "analyse one task's runs per sweep directory (move the others out); "
+                         "if it is the same data, make their configs name it alike."), errors
     assert lines[-1] == "loaded []", lines[-1]
 
 
