@@ -436,6 +436,14 @@ def test_verl_tensorboard_known_answer(tmp_path):
     assert readers.detect_format(os.path.join(root, "grpo_B512_s0")) == "verl"
     s = analyze_and_report(root, TARGET, tolerance=0.1)
     _check_known_answer(s, "verl-tensorboard", rtol=1e-6)   # simple_value is float32
+    assert not any("truncated" in w for w in s["warnings"])
+    # a cut file: read up to the cut, named in the run's warnings
+    from jaxrl_scale.scaling.readers.tensorboard import event_files
+    (p,) = event_files(os.path.join(root, "grpo_B512_s0"))
+    data = open(p, "rb").read()
+    open(p, "wb").write(data[:-3])
+    run = next(r for r in readers.read_sweep_dir(root).runs if r.name == "grpo_B512_s0")
+    assert any(w.startswith(f"{p}: truncated after ") for w in run.warnings), run.warnings
     # our own runs keep their tensorboard/ copy of metrics.jsonl: still ours
     write_synthetic_run(str(tmp_path / "own"), "grpo_B512_s0", 512, 10000, 10.0)
     os.makedirs(tmp_path / "own" / "grpo_B512_s0" / "tensorboard")

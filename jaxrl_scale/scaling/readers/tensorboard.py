@@ -8,7 +8,9 @@ Scalars are what ``torch.utils.tensorboard.SummaryWriter.add_scalar(tag, value, 
 event, at the event's step; the event step is the optimizer step unless the map's ``step``
 names a tag that holds it. verl's and OpenRLHF's event files are recognised by their tags and
 read with their own maps (`verl`, `openrlhf`); this module also holds the event reading they
-share.
+share. tensorboard's loader stops silently at a cut or corrupt record, so each file's TFRecord
+framing is also walked here (`frame_records`): a file read only in part is a warning naming
+it, the records read and the byte offset.
 """
 
 from __future__ import annotations
