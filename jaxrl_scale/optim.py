@@ -13,8 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-LR_RULES = ("fixed", "linear", "sqrt", "tuned")
-ADAM_RULES = ("malladi",) + LR_RULES
+from jaxrl_scale.lr_rules import ADAM_RULES, LR_RULES  # re-exported: callers import them here
 
 
 @dataclasses.dataclass(frozen=True)

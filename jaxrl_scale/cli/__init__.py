@@ -30,7 +30,7 @@ def one_line_errors():
     """A ConfigError (a bad input) ends the command with `error: <field>: <problem>. Fix:
     <fix>.` on stderr and exit status 2, like absl's own flag errors; anything else is a bug
     and keeps its traceback."""
-    from jaxrl_scale.experiment.config import ConfigError
+    from jaxrl_scale.experiment.errors import ConfigError
     try:
         yield
     except ConfigError as e:
@@ -83,7 +83,7 @@ def define_distributed_flags() -> None:
 
 def check_distributed(address: str, num_processes: int, process_id: int, auto: bool) -> None:
     """ConfigError for settings `jaxrl_scale.distributed.initialize` cannot start from."""
-    from jaxrl_scale.experiment.config import ConfigError
+    from jaxrl_scale.experiment.errors import ConfigError
     if num_processes < 1:
         raise ConfigError("num_processes", f"must be >= 1, got {num_processes}",
                           "use 1 for a single process, or the number of processes")

@@ -2,7 +2,10 @@ r"""Analyse a sweep: N*, q, r_N, r_q, T/T0 with 90% intervals and a verdict per 
 summary.json and a report with figures.
 
     python experiments/analyze.py --sweep_dir=DIR [--target=0.6|auto] [--reference=CONFIG]
-    python experiments/analyze.py --sweep_dir=DIR --format=verl|trl [--responses_per_step=N]
+    python experiments/analyze.py --sweep_dir=DIR --format=verl|trl|openrlhf|prime-rl \
+        [--responses_per_step=N]
+    python experiments/analyze.py --sweep_dir=DIR --format=tensorboard|wandb \
+        --tag_map=score=eval/acc,time=perf/step_s,samples=rollout/n
     python experiments/analyze.py --csv=run.csv \
         --columns=step:global_step,responses:samples,time_s:wall,score:val_acc --target=0.6
 
@@ -40,7 +43,11 @@ flags.DEFINE_string("columns", None, "CSV column map ours:theirs,... e.g. "
 flags.DEFINE_string("out", None, "Output directory (default: sweep_dir).")
 flags.DEFINE_enum("format", "auto", list(readers.FORMATS), "Layout of the runs in --sweep_dir: "
                   "auto (detected from the files present), jaxrl (metrics.jsonl), trl "
-                  "(trainer_state.json), verl (FileLogger JSONL + .hydra/config.yaml).")
+                  "(trainer_state.json), verl (FileLogger JSONL + .hydra/config.yaml), "
+                  "openrlhf (its TensorBoard event files), prime-rl (its metrics.jsonl), "
+                  "tensorboard (any event files, through --tag_map), wandb (W&B history "
+                  "exports, CSV/parquet; OpenRLHF's and verl's columns detected, others "
+                  "through --tag_map).")
 flags.DEFINE_float("responses_per_step", None, "Responses per optimizer step of every run, "
                    "when its log and config do not give it (TRL: per_device_train_batch_size "
                    "x gradient_accumulation_steps x world size; verl: data.train_batch_size x "
@@ -48,7 +55,14 @@ flags.DEFINE_float("responses_per_step", None, "Responses per optimizer step of 
 flags.DEFINE_integer("world_size", None, "TRL: processes per run when no config beside "
                      "trainer_state.json gives it (default 1, with a warning).")
 flags.DEFINE_string("score_key", None, "Eval metric to use (default: TRL eval_reward; verl "
-                    "the first val-core/.../mean@N).")
+                    "the first val-core/.../mean@N; OpenRLHF the first eval_<source>_pass1; "
+                    "prime-rl the first eval/<env>/all/<agent>/avg@k).")
+flags.DEFINE_string("tag_map", None, "What the tags (TensorBoard) or columns (W&B export) "
+                    "mean: field=tag,... or a JSON/YAML file of {field: tag}. Fields: "
+                    "score (required), time (seconds per step) or elapsed (seconds since "
+                    "start; W&B default _runtime), samples (responses per step) or responses "
+                    "(cumulative) or --responses_per_step; optional step, eval_step, gen, "
+                    "train, eval_time, eval_n.")
 
 
 MIN_BOOT = 20    # fewer give no replicate beyond a 90% interval's 5%/95% quantiles (0 removed
@@ -58,7 +72,7 @@ MIN_BOOT = 20    # fewer give no replicate beyond a 90% interval's 5%/95% quanti
 def check_flags() -> None:
     """ConfigError (one line, exit 2) for a flag the analysis cannot use; before any data."""
     import math
-    from jaxrl_scale.experiment.config import ConfigError
+    from jaxrl_scale.experiment.errors import ConfigError
     if not (math.isfinite(FLAGS.ci_level) and 0 < FLAGS.ci_level < 1):
         raise ConfigError("ci_level", f"must be in (0, 1), got {FLAGS.ci_level}",
                           "set --ci_level in (0, 1), e.g. 0.9")
@@ -93,7 +107,7 @@ def main(argv):
     with one_line_errors():
         check_flags()
         if FLAGS.sweep_dir is None and not FLAGS.csv:
-            from jaxrl_scale.experiment.config import ConfigError
+            from jaxrl_scale.experiment.errors import ConfigError
             raise ConfigError("sweep_dir", "no runs given", "pass --sweep_dir=DIR or --csv=FILE")
     try:
         summary = analyze_and_report(FLAGS.sweep_dir, FLAGS.target, FLAGS.reference,
@@ -103,7 +117,8 @@ def main(argv):
                                      fmt=FLAGS.format, overrides=dict(
                                          responses_per_step=FLAGS.responses_per_step,
                                          world_size=FLAGS.world_size,
-                                         score_key=FLAGS.score_key))
+                                         score_key=FLAGS.score_key,
+                                         tag_map=FLAGS.tag_map))
     except readers.ReaderError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -19,14 +19,16 @@ def analyze_and_report(sweep_dir: str | None, target, reference: str | None = No
                        overrides: dict | None = None, **kwargs) -> dict:
     """summary.json + report.md (+ figures) of a sweep into ``out`` (default: the sweep dir,
     else the first CSV's directory). CSV runs (``csv`` paths read with the ``columns`` map)
-    join the sweep; ``kwargs`` go to `analysis.analyze`. ``fmt`` (auto | jaxrl | trl | verl)
-    selects the reader of the sweep's runs (`scaling.readers`), ``overrides`` supply what their
-    logs lack (responses_per_step, world_size, score_key, ...); ReaderError for a mixed sweep
+    join the sweep; ``kwargs`` go to `analysis.analyze`. ``fmt`` (`readers.FORMATS`: auto,
+    jaxrl, trl, verl, openrlhf, ...) selects the reader of the sweep's runs
+    (`scaling.readers`), ``overrides`` supply what their logs lack (responses_per_step,
+    world_size, score_key, tag_map, ...); ReaderError for a sweep mixing frameworks or tasks,
     or a run whose batch is unknown. Returns summary.json's dict plus "summary_path" and
     "report_path"."""
     extra = [read_csv_run(c, columns) for c in csv]
     target = analysis.parse_target(target)
     runs, skipped = _load(sweep_dir, extra, fmt, overrides or {})
+    readers.check_one_task(runs, sweep_dir)   # --format=jaxrl and --csv runs too
     summary = analysis.analyze(runs, target, reference, tolerance, fit_sigmoid,
                                skipped=skipped, sweep_dir=sweep_dir, **kwargs)
     out = out or sweep_dir or os.path.dirname(os.path.abspath(csv[0]))

@@ -9,6 +9,7 @@ import os
 import typing
 from typing import Any
 
+from jaxrl_scale.experiment.errors import ConfigError  # noqa: F401  (re-exported)
 from jaxrl_scale.optim import ADAM_RULES
 from jaxrl_scale.rl.config import LOSS_CHOICES, LossConfig
 from jaxrl_scale.sampling.rules import SamplingConfig
@@ -213,16 +214,6 @@ _NESTED = {n: sub for sub, cls in SUBCONFIGS.items() for n in _fields(cls)
            if (sub, n) not in _HIDDEN}
 assert not (_TOP & set(_NESTED)) and len(_NESTED) == sum(
     len(_fields(c)) for c in SUBCONFIGS.values()) - len(_HIDDEN), "flat names must be unique"
-
-
-class ConfigError(ValueError):
-    """A bad configuration value. str() is `<field>: <problem>. Fix: <fix>.`, where <field> is
-    the flat name, which is also the flag (--<field>). The scripts print it as one line and
-    exit 2; any other exception is a bug and keeps its traceback."""
-
-    def __init__(self, field: str, problem: str, fix: str):
-        self.field, self.problem, self.fix = field, problem, fix
-        super().__init__(f"{field}: {problem}. Fix: {fix}.")
 
 
 _err = ConfigError

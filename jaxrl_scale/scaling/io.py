@@ -18,6 +18,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from jaxrl_scale.lr_rules import ADAM_RULES   # not optim: the analysis needs no JAX
 from jaxrl_scale.numbers import is_number
 
 METRICS_FILE = "metrics.jsonl"
@@ -109,7 +110,6 @@ def seed_from_name(name: str) -> int | None:
 
 
 def lr_rule_from_name(name: str) -> str | None:
-    from jaxrl_scale.optim import ADAM_RULES   # here: the rest of scaling needs only numpy
     parts = re.split(r"[_\-.]", name.lower())
     for rule in ADAM_RULES:
         if rule in parts:

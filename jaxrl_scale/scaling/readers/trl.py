@@ -16,7 +16,8 @@ beside the state (TRL's CLI ``--config``; an accelerate config's ``num_processes
 world size), else TrainerState's ``train_batch_size`` (per device); the overrides fill what
 they lack; the multipliers default to 1 with a warning; GRPOConfig ``num_iterations`` > 1 (each
 completion used for that many updates) divides the new responses per step.
-``training_args.bin`` is a pickle and is never read.
+``training_args.bin`` is a pickle and is never read. The run's task is the config's
+``dataset_name`` (+ ``dataset_config``; TRL ``trl/scripts/utils.py`` ``ScriptArguments``).
 
 Wall time: cumulative ``step_time`` x steps since the previous entry; else entry timestamps
 (``timestamp``/``_timestamp``, when a callback added them); else ``train_runtime`` spread
@@ -33,7 +34,7 @@ import re
 from jaxrl_scale.numbers import is_number
 from jaxrl_scale.scaling import io as sio
 from jaxrl_scale.scaling.readers.common import (ReaderError, SkipRun, build_run, config_files,
-                                                load_structured, positive)
+                                                load_structured, positive, with_task)
 
 STATE_FILE = "trainer_state.json"
 DEFAULT_SCORE_KEYS = ("eval_reward",)
@@ -80,6 +81,24 @@ def _args(run_dir: str) -> tuple[dict, list[str]]:
         if hit:
             used.append(os.path.basename(p))
     return found, used
+
+
+def task(run_dir: str) -> str | None:
+    """``dataset_name`` (``:dataset_config`` when set) from the first config beside the state
+    that names one; None when none does."""
+    for p in config_files(run_dir):
+        if os.path.basename(p) == STATE_FILE:
+            continue
+        try:
+            d = load_structured(p)
+        except (ValueError, OSError):
+            continue
+        if not isinstance(d, dict):
+            continue
+        name, conf = d.get("dataset_name"), d.get("dataset_config")
+        if isinstance(name, str) and name:
+            return f"{name}:{conf}" if isinstance(conf, str) and conf else name
+    return None
 
 
 def responses_per_step(run_dir: str, state: dict, overrides: dict
@@ -165,8 +184,9 @@ def read_run(run_dir: str, name: str | None = None, **overrides) -> sio.Run:
     train = _times(train_entries, history, path, warnings)
     warnings.append(f"eval score from {key}; eval sample count and generation time not "
                     "logged")
-    return build_run(name, run_dir, "trl", batch, train, evals,
-                     algo=_algo(overrides), warnings=warnings, source=path)
+    return with_task(build_run(name, run_dir, "trl", batch, train, evals,
+                               algo=_algo(overrides), warnings=warnings, source=path),
+                     task(run_dir))
 
 
 def _algo(overrides: dict) -> str:

@@ -21,7 +21,8 @@ installed, else JSON); the overrides fill what it lacks. Wall time = cumulative
 ``elapsed_seconds``); generation and update time per step from ``timing_s/gen`` and
 ``timing_s/update_actor``.
 The eval score is the first ``val-core/.../mean@N`` key (sorted), or the chosen key. verl does
-not log the number of eval samples: eval noise is estimated from the curve.
+not log the number of eval samples: eval noise is estimated from the curve. The run's task is
+its config's ``data.train_files`` and ``data.val_files`` (a sweep mixing tasks is refused).
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ import re
 
 from jaxrl_scale.numbers import is_number
 from jaxrl_scale.scaling import io as sio
-from jaxrl_scale.scaling.readers.common import (ReaderError, SkipRun, build_run,
-                                                load_structured, nested_get, positive)
+from jaxrl_scale.scaling.readers.common import (ReaderError, SkipRun, build_run, data_path_id,
+                                                load_structured, nested_get, positive,
+                                                with_task)
+from jaxrl_scale.scaling.readers.tensorboard import cut_noted, event_files, read_event_records
 
 CONFIG_FILES = (os.path.join(".hydra", "config.yaml"), "config.yaml")
 _VAL_RE = re.compile(r"^val-core/.+/mean@\d+$")
@@ -75,42 +78,10 @@ def is_run(run_dir: str) -> bool:
     return log_path(run_dir) is not None
 
 
-def event_files(run_dir: str) -> list[str]:
-    """TensorBoard event files under ``run_dir`` (verl's ``_TensorboardAdapter`` writes them to
-    ``TENSORBOARD_DIR``, default ``tensorboard_log/<project>/<experiment>/``)."""
-    return sorted(glob.glob(os.path.join(run_dir, "**", "events.out.tfevents.*"),
-                            recursive=True))
-
-
-def read_event_records(run_dir: str) -> tuple[list[dict], str]:
-    """{step, tag: value} per step from the run's event files (tensorboard's own event
-    reader; scalars as ``torch.utils.tensorboard.SummaryWriter.add_scalar`` writes them:
-    ``simple_value``), and a description of the source."""
-    try:
-        from tensorboard.backend.event_processing.event_file_loader import (
-            LegacyEventFileLoader)
-    except ImportError:
-        raise SkipRun("TensorBoard event files need the tensorboard package (pip install "
-                      "tensorboard)") from None
-    files = event_files(run_dir)
-    by_step: dict[float, dict] = {}
-    for p in files:
-        try:
-            for ev in LegacyEventFileLoader(p).Load():
-                if not ev.HasField("summary"):
-                    continue
-                for v in ev.summary.value:
-                    if v.HasField("simple_value"):
-                        x = float(v.simple_value)
-                    elif v.HasField("tensor") and (v.tensor.float_val or v.tensor.double_val):
-                        x = float((v.tensor.float_val or v.tensor.double_val)[0])
-                    else:
-                        continue
-                    by_step.setdefault(ev.step, {"step": ev.step})[v.tag] = x
-        except Exception as e:     # a corrupt record: the reader's own error types vary
-            raise SkipRun(f"{p}: unreadable event file ({type(e).__name__}: {e})") from None
-    src = files[0] if len(files) == 1 else f"{len(files)} event files under {run_dir}"
-    return [by_step[s] for s in sorted(by_step)], src
+def is_tags(tags: set[str]) -> bool:
+    """TensorBoard tags (or W&B columns) that only verl's trainer logs."""
+    return "timing_s/step" in tags or "training/global_step" in tags or any(
+        t.startswith("val-core/") for t in tags)
 
 
 def read_config(run_dir: str) -> tuple[dict, str | None]:
@@ -121,6 +92,15 @@ def read_config(run_dir: str) -> tuple[dict, str | None]:
             d = load_structured(p)
             return (d if isinstance(d, dict) else {}), p
     return {}, None
+
+
+def task(config: dict) -> str | None:
+    """The run's task: its ``data.train_files`` and ``data.val_files`` (last two path
+    components each, `data_path_id`); None when the config names neither."""
+    parts = [f"{k}={v}" for k, v in (
+        ("train_files", data_path_id(nested_get(config, "data.train_files"))),
+        ("val_files", data_path_id(nested_get(config, "data.val_files")))) if v]
+    return " ".join(parts) or None
 
 
 def responses_per_step(run_dir: str, config: dict, cpath: str | None, overrides: dict
@@ -176,12 +156,21 @@ def read_run(run_dir: str, name: str | None = None, **overrides) -> sio.Run:
     except ValueError as e:
         raise SkipRun(str(e)) from None
     batch = responses_per_step(run_dir, config, cpath, overrides)
+    cut: list[str] = []
     if path is not None:
         records, bad = read_records(path)
         warnings = [f"{bad} unreadable line(s) in {path} (truncated?)"] if bad else []
     else:
-        records, path = read_event_records(run_dir)
-        warnings = []
+        records, path, cut = read_event_records(run_dir)
+        warnings = list(cut)
+    with cut_noted(cut):
+        run = _from_records(name, run_dir, path, records, warnings, config, batch, overrides)
+    return with_task(run, task(config))
+
+
+def _from_records(name: str, run_dir: str, path: str, records: list[dict],
+                  warnings: list[str], config: dict, batch: float, overrides: dict
+                  ) -> sio.Run:
 
     keys = sorted({k for r in records for k in r if is_number(r.get(k))})
     chosen = overrides.get("score_key")
