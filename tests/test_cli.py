@@ -51,6 +51,8 @@ TRAIN_ROWS = [
     ("--algo=ppo --group_size=1 --critic_lr_rule=cubic", "critic_lr_rule"),
     ("--wandb_mode=cloud", "wandb_mode"), ("--reward_fn=nocolon", "reward_fn"),
     ("--reward_fn=no_such_module_xyz:f", "reward_fn"), ("--reward_timeout_s=-1", "reward_timeout_s"),
+    ("--reward_fn=builtins:exec", "reward_fn"), ("--reward_fn=os:system", "reward_fn"),
+    ("--base_lr=inf", "base_lr"), ("--critic_base_lr=nan", "critic_base_lr"),
     # multi-process launch settings (jaxrl_scale/cli: checked before jax.distributed starts)
     ("--num_processes=0", "num_processes"),
     ("--coordinator_address=127.0.0.1:1234", "num_processes"), ("--process_id=1", "process_id"),
