@@ -94,6 +94,9 @@ _CHILD = textwrap.dedent("""
     for name in ("run_training", "run_sweep", "sft_warmstart"):
         if hasattr(m, name):
             setattr(m, name, reached)
+    if m.__name__ == "jaxrl_scale.cli.plan":      # the timing pass (minutes) is the sentinel
+        import jaxrl_scale.experiment.timing as timing
+        timing.time_batches = reached
     out = []
     for row in json.load(open(sys.argv[1])):
         flags.FLAGS.unparse_flags()
@@ -303,3 +306,87 @@ def test_make_run_refuses_nonsense(recs, field, step):
     with pytest.raises(sio.DataError) as e:
         sio.make_run("r", recs, source="m.jsonl")
     assert str(e.value).startswith(f"{field}: m.jsonl step {step}: ") and ". Fix: " in str(e.value)
+
+
+def _probe(root, name, norms=True, reward_fn=""):
+    """A probe run at B0 = 128 (P=16 x G=8, 2 micro-batches): config.json of a real
+    TrainConfig, 40 training records (with the micro-batch gradient norms unless norms=False)
+    and evals every 10 steps reaching 0.5."""
+    from jaxrl_scale.experiment.config import TrainConfig, write_config
+    import numpy as np
+    d = root / name
+    write_config(str(d), TrainConfig.make(run_dir=str(d), prompts_per_step=16, group_size=8,
+                                          micro_batches=2, reward_fn=""))
+    if reward_fn:     # as a shared run directory may hold it (write_config would load it)
+        cfg = json.loads((d / "config.json").read_text())
+        cfg["reward_fn"] = reward_fn
+        (d / "config.json").write_text(json.dumps(cfg))
+    rng = np.random.default_rng(0)
+    recs = []
+    for s in range(1, 41):
+        r = {"step": s, "responses": 128 * s, "time_s": 1.0 * s, "gen_s": 0.5, "train_s": 0.5}
+        if norms:
+            micro = (1 + rng.standard_normal(2) * 0.3).tolist()
+            r.update(actor_grad_sqnorm_micro=micro, actor_grad_sqnorm=0.6 * np.mean(micro),
+                     micro_batch_size=64)
+        recs.append(r)
+    recs += [{"step": s, "responses": 128 * s, "score": 0.1 + 0.01 * s} for s in (0, 10, 20, 30, 40)]
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    return d
+
+
+def test_plan_bad_inputs_one_line_each(tmp_path):
+    """Every flag of jaxrl-plan is checked before any timing pass (the sentinel): a probe
+    without micro-batch norms is refused before it, and a probe's config.json never picks the
+    reward function the pass would call."""
+    good = _probe(tmp_path, "good")
+    nonorm = _probe(tmp_path, "nonorm", norms=False)
+    evil = _probe(tmp_path, "evil", reward_fn="builtins:exec")
+    named = _probe(tmp_path, "named", reward_fn="my_rw:score")
+    tj = tmp_path / "timings.json"
+    tj.write_text(json.dumps([{"batch": b, "batch_gen": b, "gen_s": [1 + 1e-3 * b] * 3,
+                               "train_s": [0.5 + 2e-3 * b] * 3} for b in (64, 128, 256)]))
+    (tmp_path / "a_file").write_text("")
+    P, T = f"--probe_run={good}", f"--timings_json={tj}"
+    rows = [
+        (T, "probe_run"), (f"--probe_run={tmp_path / 'nope'} {T}", "probe_run"),
+        (f"--probe_run={nonorm} --time_batches=64,128", "probe_run"),
+        (P, "timings_json"), (f"{P} {T} --chip=H100", "timings_json"),
+        (f"{P} --timings_json={tmp_path / 'no.json'}", "timings_json"),
+        (f"{P} --step_times_from={tmp_path / 'nope'}", "step_times_from"),
+        (f"{P} {T} --batches=64,abc", "batches"), (f"{P} {T} --batches=64,inf", "batches"),
+        (f"{P} {T} --batches=64,-1", "batches"), (f"{P} {T} --batches=64,64", "batches"),
+        (f"{P} --time_batches=64,100.5", "time_batches"), (f"{P} --time_batches=60", "time_batches"),
+        (f"{P} --time_batches=0", "time_batches"),
+        (f"{P} {T} --n_boot=0", "n_boot"), (f"{P} {T} --n_boot=19", "n_boot"),
+        (f"{P} {T} --ci_level=1", "ci_level"), (f"{P} {T} --ci_level=nan", "ci_level"),
+        (f"{P} {T} --ci_level=0", "ci_level"),
+        (f"{P} {T} --window=0", "window"), (f"{P} {T} --window=inf", "window"),
+        (f"{P} {T} --n_star=-5", "n_star"), (f"{P} {T} --n_star=inf", "n_star"),
+        (f"{P} {T} --n_star=1000 --target=0.3", "n_star"),
+        (f"{P} {T} --target=nan", "target"), (f"{P} {T} --target=2", "target"),
+        (f"{P} {T} --gen_batch_ratio=0.5", "gen_batch_ratio"),
+        (f"{P} {T} --timing_warmup=-1", "timing_warmup"),
+        (f"{P} {T} --timing_steps=-1", "timing_steps"), (f"{P} {T} --block=-1", "block"),
+        (f"{P} {T} --n_windows=0", "n_windows"), (f"{P} {T} --seed=-1", "seed"),
+        (f"{P} --chip=Z80 --prompt_len=16", "chip"), (f"{P} --chip=H100", "prompt_len"),
+        (f"{P} --chip=H100 --prompt_len=0", "prompt_len"),
+        (f"{P} --chip=H100 --prompt_len=16 --model=nope", "model"),
+        (f"{P} {T} --compare={tmp_path / 'no.json'}", "compare"),
+        (f"{P} {T} --out_dir={tmp_path / 'a_file'}", "out_dir"),
+        (f"{P} {T} --out_dir={tmp_path / 'a_file' / 'sub'}", "out_dir"),
+        # security: the probe's config.json names code; it runs only if the user names it
+        (f"--probe_run={evil} --time_batches=64,128", "reward_fn"),
+        (f"--probe_run={evil} --time_batches=64,128 --reward_fn=builtins:exec", "reward_fn"),
+        (f"--probe_run={named} --time_batches=64,128", "reward_fn"),
+        (f"{P} --time_batches=64,128 --reward_fn=os:system", "reward_fn"),
+        (f"{P} --time_batches=64,128", "REACHED"),            # a good timing request runs
+    ]
+    assert sum(f != "REACHED" for _, f in rows) >= 15
+    results = _table(tmp_path, "jaxrl_scale.cli.plan", rows)
+    _check(results, rows)
+    by = {r["row"]: r["stderr"] for r in results}
+    assert "--reward_fn=builtins:exec if you trust" in \
+        by[f"--probe_run={evil} --time_batches=64,128"]
+    assert "micro_batches=2" in by[f"--probe_run={nonorm} --time_batches=64,128"]
+    assert not (tmp_path / "results").exists()      # nothing written by a refused row
