@@ -161,6 +161,8 @@ system = os.system
 evil = eval
 def score(response, example):
     return float(response.strip() == str(example["answer"]))
+def _private(response, example):
+    return 1.0
 class Scorer:
     def __call__(self, response, example):
         return 1.0
@@ -181,12 +183,12 @@ _SPECS = [
     ("my_rw:run", "standard-library module 'subprocess'"),           # re-exported
     ("my_rw:os", "module, not a function"),
     ("my_rw:scorer", "Scorer, not a function"),
-    ("my_rw:__builtins__", "not a public function name"),
-    ("my_rw:score.__globals__", "not a public function name"),
+    ("my_rw:__builtins__", "dict, not a function"),
+    ("my_rw:score.__globals__", "not a function name"),
     ("my_rw:nothing", "has no function 'nothing'"),
     ("no_such_module_xyz:f", "cannot import"),
     ("nocolon", "not of the form"),
-    ("my_rw:score", None), ("my_rw:exact_match", None),
+    ("my_rw:score", None), ("my_rw:_private", None), ("my_rw:exact_match", None),
     ("jaxrl_scale.data.rewards:exact_match", None),
 ]
 

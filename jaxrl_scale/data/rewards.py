@@ -487,6 +487,11 @@ REWARDS: dict[str, Callable[[str, dict[str, Any]], float]] = {
     "countdown": countdown_reward,
     "math_jsonl": math_verify_reward,
 }
+# Tasks whose reward needs the answer's own text in the response (exact match), so a response
+# must have room for every answer's tokens (experiment/common.check_answer_room). Countdown
+# answers with an expression and math-verify accepts equivalent forms ("0.5" for "1/2"):
+# their answers' lengths bound nothing.
+ANSWER_IN_RESPONSE = frozenset({"arithmetic"})
 
 
 # Reward functions are named code: `--reward_fn` (and a config.json that holds one) picks a
@@ -556,8 +561,8 @@ def load_reward_fn(spec: str) -> Callable[[str, dict[str, Any]], float]:
     module_name, sep, attr = spec.partition(":")
     if not (sep and module_name and attr):
         raise ValueError(f"{spec!r} is not of the form 'package.module:function'")
-    if not attr.isidentifier() or attr.startswith("_"):
-        raise ValueError(f"{attr!r} is not a public function name (no dots, no leading _)")
+    if not attr.isidentifier():
+        raise ValueError(f"{attr!r} is not a function name (one identifier, no dots)")
     if spec not in _OWN_REWARDS:
         if os.getcwd() not in sys.path and "" not in sys.path:
             sys.path.append(os.getcwd())   # last: the cwd never shadows an installed module
