@@ -248,6 +248,11 @@ def test_analyze_bad_inputs_one_line_each(tmp_path):
     tnan = _bad(tmp_path, "tnan", raw=['{"step": 1, "responses": 64, "time_s": NaN}',
                                        '{"step": 1, "responses": 64, "score": 0.5}'])
     tdec = _bad(tmp_path, "tdec", train=T([(1, 64, 5.0), (2, 128, 4.0)]))
+    E = lambda rs: [{"step": s, "responses": 64 * s, "score": v} for s, v in rs]  # noqa: E731
+    high = _bad(tmp_path, "high", evals=E([(0, 0.1), (5, 1.5), (10, 0.9)]))
+    low = _bad(tmp_path, "low", evals=E([(0, -0.2), (5, 0.5), (10, 0.9)]))
+    two = [json.dumps(r) for r in T([(1, 64, 1.0), (2, 128, 2.0), (2, 128, 2.1), (3, 192, 3.0)])]
+    twice = _bad(tmp_path, "twice", raw=two)               # two trainings in one directory
     rows = [
         (f"--sweep_dir={good} --n_boot=0", "n_boot"), (f"--sweep_dir={good} --n_boot=19", "n_boot"),
         (f"--sweep_dir={good} --ci_level=0.99 --n_boot=150", "n_boot"),
@@ -266,6 +271,12 @@ def test_analyze_bad_inputs_one_line_each(tmp_path):
         (f"--sweep_dir={tinf}", "time_s"), (f"--sweep_dir={tnan}", "time_s"),
         (f"--sweep_dir={tdec}", "time_s"),
         (f"--sweep_dir={tmp_path / 'nothing_here'}", "analysis"),
+        (f"--sweep_dir={high}", "score"), (f"--sweep_dir={low}", "score"),
+        (f"--sweep_dir={high} --score_range=0,1.2", "score"),
+        (f"--sweep_dir={good} --score_range=foo", "score_range"),
+        (f"--sweep_dir={good} --score_range=1,0", "score_range"),
+        (f"--sweep_dir={good} --score_range=0,inf", "score_range"),
+        (f"--sweep_dir={twice}", "step"),
     ]
     results = _table(tmp_path, "jaxrl_scale.cli.analyze", rows)
     _check(results, rows)
@@ -274,6 +285,10 @@ def test_analyze_bad_inputs_one_line_each(tmp_path):
     assert "step 3: decreases (100 after 128 at step 2)" in by[f"--sweep_dir={dec}"]
     assert "step 2: is inf" in by[f"--sweep_dir={tinf}"]
     assert str(neg) in by[f"--sweep_dir={neg}"]          # names the file
+    assert "metrics.jsonl step 5: is 1.5, outside [0, 1]" in by[f"--sweep_dir={high}"]
+    assert "--score_range=any" in by[f"--sweep_dir={high}"]
+    assert (f"{twice}/grpo_P8_G8_sqrt_s0/metrics.jsonl line 3 step 2: repeats the training "
+            "record of line 2") in by[f"--sweep_dir={twice}"]
 
 
 def test_make_run_counts_what_it_ignores():
@@ -290,6 +305,37 @@ def test_make_run_counts_what_it_ignores():
     assert "1 eval record(s) with a non-finite score ignored (first at step 2) in m.jsonl" in w
     assert "1 record(s) with a string-typed 'responses' ignored (first at step 2)" in w
     assert "1 record(s) with a string-typed 'score' ignored (first at step 3)" in w
+
+
+def test_scores_outside_the_range_are_refused_unless_said_otherwise():
+    from jaxrl_scale.scaling import io as sio
+    run = sio.make_run("r", [{"step": 1, "responses": 64, "score": 2.5}], path="/x/r")
+    with pytest.raises(sio.DataError, match=r"^score: /x/r step 1: is 2.5, outside \[0, 1\]"):
+        sio.check_scores([run])
+    sio.check_scores([run], None)               # --score_range=any: a reward on its own scale
+    sio.check_scores([run], (-5.0, 5.0))
+    with pytest.raises(sio.DataError):
+        sio.check_scores([run], (-5.0, 2.0))
+
+
+@pytest.mark.parametrize("steps, line", [
+    ([(1, 0), (2, 0), (2, 0), (3, 0)], 3),               # 0,1,2,2,3: a second training
+    ([(1, 0), (2, 0), (3, 0), (1, 0)], 4),               # restarted from 1 in the same file
+    ([(0, 1), (1, 0), (5, 1), (2, 0), (5, 1)], 5),       # eval steps repeat too
+])
+def test_interleaved_steps_are_refused_with_file_and_line(tmp_path, steps, line):
+    """Training and eval records each have increasing steps (an eval shares its step with
+    the training record before it; a resume cuts the file back first)."""
+    from jaxrl_scale.scaling import io as sio
+    lines = [json.dumps({"step": s, "responses": 64 * s, **({"score": 0.5} if ev else
+                                                            {"time_s": 1.0 * s})})
+             for s, ev in steps]
+    d = _run_dir(tmp_path, "r", raw=lines)
+    with pytest.raises(sio.DataError) as e:
+        sio.read_run(str(d))
+    assert str(e.value).startswith(f"step: {d}/metrics.jsonl line {line} step ")
+    ok = _run_dir(tmp_path, "ok", raw=lines[:line - 1])
+    sio.read_run(str(ok))
 
 
 @pytest.mark.parametrize("recs, field, step", [

@@ -51,8 +51,27 @@ flags.DEFINE_string("score_key", None, "Eval metric to use (default: TRL eval_re
                     "the first val-core/.../mean@N).")
 
 
-MIN_BOOT = 20    # fewer give no replicate beyond a 90% interval's 5%/95% quantiles (0 removed
-                 # every interval); a wider --ci_level needs more (check_flags)
+flags.DEFINE_string("score_range", "0,1", "LO,HI: the range every eval score must lie in "
+                    "(scores are accuracies, in [0, 1]); 'any' when the score is a reward on "
+                    "another scale.")
+
+
+def score_range() -> tuple[float, float] | None:
+    """--score_range as (lo, hi), or None for 'any'; ConfigError if it is neither."""
+    import math
+    from jaxrl_scale.experiment.config import ConfigError
+    raw = FLAGS.score_range.strip().lower()
+    if raw == "any":
+        return None
+    try:
+        lo, hi = (float(x) for x in raw.split(","))
+    except ValueError:
+        raise ConfigError("score_range", f"must be 'any' or LO,HI, got {FLAGS.score_range!r}",
+                          "pass e.g. --score_range=0,1 or --score_range=any") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ConfigError("score_range", f"needs finite LO < HI, got {FLAGS.score_range!r}",
+                          "pass e.g. --score_range=0,1 or --score_range=any")
+    return lo, hi
 
 
 def check_flags() -> None:
@@ -63,7 +82,8 @@ def check_flags() -> None:
         raise ConfigError("ci_level", f"must be in (0, 1), got {FLAGS.ci_level}",
                           "set --ci_level in (0, 1), e.g. 0.9")
     # each tail of a ci_level interval needs at least one replicate beyond its quantile
-    need = max(MIN_BOOT, math.ceil(2 / (1 - FLAGS.ci_level) - 1e-9))
+    from jaxrl_scale.scaling.stats import min_n_boot   # --n_boot=0 removed every interval
+    need = min_n_boot(FLAGS.ci_level)
     if FLAGS.n_boot < need:
         raise ConfigError("n_boot", f"must be >= {need} for {FLAGS.ci_level:g} intervals, got "
                           f"{FLAGS.n_boot}", f"set --n_boot >= {need} (default 1000)")
@@ -83,6 +103,7 @@ def check_flags() -> None:
     if rps is not None and not (math.isfinite(rps) and rps > 0):
         raise ConfigError("responses_per_step", f"must be a finite number > 0, got {rps}",
                           "pass the responses per optimizer step, e.g. 64")
+    score_range()
     if FLAGS.world_size is not None and FLAGS.world_size < 1:
         raise ConfigError("world_size", f"must be >= 1, got {FLAGS.world_size}",
                           "pass the number of training processes, e.g. 8")
@@ -103,7 +124,8 @@ def main(argv):
                                      fmt=FLAGS.format, overrides=dict(
                                          responses_per_step=FLAGS.responses_per_step,
                                          world_size=FLAGS.world_size,
-                                         score_key=FLAGS.score_key))
+                                         score_key=FLAGS.score_key),
+                                     score_range=score_range())
     except readers.ReaderError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
