@@ -310,7 +310,10 @@ def test_make_run_counts_what_it_ignores():
 def test_scores_outside_the_range_are_refused_unless_said_otherwise():
     from jaxrl_scale.scaling import io as sio
     run = sio.make_run("r", [{"step": 1, "responses": 64, "score": 2.5}], path="/x/r")
-    with pytest.raises(sio.DataError, match=r"^score: /x/r step 1: is 2.5, outside \[0, 1\]"):
+    sio.check_scores([run])             # "auto": another format's score may be a reward
+    run.score_is_accuracy = True        # as read_run marks a jaxrl metrics.jsonl
+    with pytest.raises(sio.DataError, match=r"^score: /x/r/metrics.jsonl step 1: is 2.5, "
+                                            r"outside \[0, 1\] \(this score is an accuracy\)"):
         sio.check_scores([run])
     sio.check_scores([run], None)               # --score_range=any: a reward on its own scale
     sio.check_scores([run], (-5.0, 5.0))

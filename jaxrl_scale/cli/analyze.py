@@ -51,23 +51,27 @@ flags.DEFINE_string("score_key", None, "Eval metric to use (default: TRL eval_re
                     "the first val-core/.../mean@N).")
 
 
-flags.DEFINE_string("score_range", "0,1", "LO,HI: the range every eval score must lie in "
-                    "(scores are accuracies, in [0, 1]); 'any' when the score is a reward on "
-                    "another scale.")
+flags.DEFINE_string("score_range", "auto", "LO,HI: the range every eval score must lie in; "
+                    "'auto': [0, 1] for jaxrl runs (their score is an accuracy), any finite "
+                    "score for other formats; 'any' when the score is a reward on another "
+                    "scale.")
 
 
-def score_range() -> tuple[float, float] | None:
-    """--score_range as (lo, hi), or None for 'any'; ConfigError if it is neither."""
+def score_range() -> tuple[float, float] | str | None:
+    """--score_range as (lo, hi), "auto", or None for 'any'; ConfigError if it is none."""
     import math
     from jaxrl_scale.experiment.config import ConfigError
     raw = FLAGS.score_range.strip().lower()
     if raw == "any":
         return None
+    if raw == "auto":
+        return "auto"
     try:
         lo, hi = (float(x) for x in raw.split(","))
     except ValueError:
-        raise ConfigError("score_range", f"must be 'any' or LO,HI, got {FLAGS.score_range!r}",
-                          "pass e.g. --score_range=0,1 or --score_range=any") from None
+        raise ConfigError("score_range", f"must be auto, any or LO,HI, got "
+                          f"{FLAGS.score_range!r}", "pass e.g. --score_range=0,1 or "
+                          "--score_range=any") from None
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
         raise ConfigError("score_range", f"needs finite LO < HI, got {FLAGS.score_range!r}",
                           "pass e.g. --score_range=0,1 or --score_range=any")

@@ -18,7 +18,7 @@ def analyze_and_report(sweep_dir: str | None, target, reference: str | None = No
                        csv: Sequence[str] = (), columns: str | None = None,
                        out: str | None = None, fmt: str = "auto",
                        overrides: dict | None = None,
-                       score_range: tuple[float, float] | None = sio.SCORE_RANGE,
+                       score_range: tuple[float, float] | str | None = "auto",
                        **kwargs) -> dict:
     """summary.json + report.md (+ figures) of a sweep into ``out`` (default: the sweep dir,
     else the first CSV's directory). CSV runs (``csv`` paths read with the ``columns`` map)
@@ -26,7 +26,7 @@ def analyze_and_report(sweep_dir: str | None, target, reference: str | None = No
     selects the reader of the sweep's runs (`scaling.readers`), ``overrides`` supply what their
     logs lack (responses_per_step, world_size, score_key, ...); ReaderError for a mixed sweep
     or a run whose batch is unknown. DataError for an eval score outside ``score_range``
-    (None: any finite score, a reward on another scale). Returns summary.json's dict plus "summary_path" and
+    (`scaling.io.check_scores`: "auto" holds jaxrl's accuracies to [0, 1]). Returns summary.json's dict plus "summary_path" and
     "report_path"."""
     extra = [read_csv_run(c, columns) for c in csv]
     target = analysis.parse_target(target)

@@ -50,6 +50,7 @@ class Run:
     seed: int | None = None
     group: str = ""
     warnings: list[str] = dataclasses.field(default_factory=list)
+    score_is_accuracy: bool = False   # a jaxrl metrics.jsonl: the score is a fraction in [0, 1]
 
     def eval_curve(self) -> tuple[np.ndarray, np.ndarray]:
         """(responses, scores) of the eval records, sorted by responses."""
@@ -215,25 +216,34 @@ def check_records(records: list[dict], where: str) -> list[str]:
     return warnings
 
 
-SCORE_RANGE = (0.0, 1.0)   # eval scores are accuracies (fractions of samples rewarded)
+SCORE_RANGE = (0.0, 1.0)   # a jaxrl eval score: the fraction of samples with reward > 0
 
 
-def check_scores(runs: Sequence["Run"], score_range: tuple[float, float] | None = SCORE_RANGE
+def check_scores(runs: Sequence["Run"], score_range: tuple[float, float] | str | None = "auto"
                  ) -> None:
-    """DataError for the first eval score outside `score_range` (None: any finite score, for
-    a score that is a reward on another scale). A score of 3 or -1 is an accuracy no run can
-    have: a wrong score key or a reward logged as the score, which N* would read silently."""
+    """DataError for the first eval score outside `score_range`: (lo, hi) for every run; None
+    for any finite score (a reward on another scale); "auto": SCORE_RANGE for the runs whose
+    score is an accuracy (jaxrl's metrics.jsonl, `score_is_accuracy`), nothing for the others
+    (TRL's eval_reward, verl's val-core means, CSV columns are on their task's own scale). An
+    accuracy of 1.5 or -0.2 is no accuracy: a corrupt record or a reward logged as the score,
+    which N* would read silently."""
     if score_range is None:
         return
-    lo, hi = score_range
     for run in runs:
+        if score_range == "auto":
+            if not run.score_is_accuracy:
+                continue
+            lo, hi = SCORE_RANGE
+        else:
+            lo, hi = score_range
         for r in run.evals:
             v = r.get("score")
             if is_number(v) and not lo <= v <= hi:
-                where = os.path.join(run.path, METRICS_FILE) if run.path and \
-                    os.path.isdir(run.path) else (run.path or run.name)
+                where = os.path.join(run.path, METRICS_FILE) if run.score_is_accuracy and \
+                    run.path else (run.path or run.name)
                 raise DataError("score", where, r.get("step", "?"),
-                                f"is {v:g}, outside [{lo:g}, {hi:g}] (scores are accuracies)",
+                                f"is {v:g}, outside [{lo:g}, {hi:g}]" +
+                                (" (this score is an accuracy)" if run.score_is_accuracy else ""),
                                 "pass --score_range=any (or LO,HI) if the score is a reward on "
                                 "another scale, or fix the score key / the record")
 
@@ -374,6 +384,7 @@ def read_run(run_dir: str, name: str | None = None) -> Run:
             config = json.load(f)
     name = name or os.path.basename(os.path.normpath(run_dir))
     run = make_run(name, records, config, path=run_dir, source=mpath)
+    run.score_is_accuracy = True
     if bad:
         run.warnings.append(f"{bad} unreadable line(s) in {mpath}")
     return run
