@@ -32,8 +32,8 @@ def write_synthetic_run(root: str, name: str, batch: int, n_star: float, q: floa
     record carries eval_n; step_jitter: relative spread of per-step wall seconds.
     """
     rng = np.random.default_rng(noise_seed)
-    # an accuracy: the linear curve stops at 1 (read_run refuses jaxrl scores above it)
-    true = curve or (lambda n: min(cap if cap is not None else 1.0, target * n / n_star))
+    true = curve or (lambda n: min(cap, target * n / n_star) if cap is not None
+                     else target * n / n_star)
     d = os.path.join(root, name)
     os.makedirs(d, exist_ok=True)
     if config:
