@@ -439,3 +439,39 @@ def test_plan_bad_inputs_one_line_each(tmp_path):
         by[f"--probe_run={evil} --time_batches=64,128"]
     assert "micro_batches=2" in by[f"--probe_run={nonorm} --time_batches=64,128"]
     assert not (tmp_path / "results").exists()      # nothing written by a refused row
+
+
+BENCH_ROWS = {
+    "jaxrl_scale.cli.decode_bench": [
+        ("--batch_sizes=0,4", "batch_sizes"), ("--batch_sizes=a", "batch_sizes"),
+        ("--prompt_len=0", "prompt_len"), ("--new_tokens=-1", "new_tokens"),
+        ("--repeats=0", "repeats"), ("--dtype=int7", "dtype"), ("--model=nope", "model"),
+        ("--hf_checkpoint=/no/such/dir", "hf_checkpoint"), ("--min_gain=inf", "min_gain"),
+        ("--min_gain=0", "min_gain"), ("--copy_mib=0", "copy_mib"), ("--seed=-1", "seed"),
+        ("--json_out={file}/x.json", "json_out")],
+    "jaxrl_scale.cli.train_bench": [
+        ("--batch=0", "batch"), ("--seq_len=1", "seq_len"), ("--prompt_len=80", "prompt_len"),
+        ("--group_size=7", "group_size"), ("--micro_batches=3", "micro_batches"),
+        ("--micro_batches=0", "micro_batches"), ("--repeats=0", "repeats"),
+        ("--dtype=fp8", "dtype"), ("--model=nope", "model"), ("--matmul_n=0", "matmul_n")],
+    "jaxrl_scale.cli.rl_bench": [
+        ("--prompts=0", "prompts"), ("--prompts=x", "prompts"), ("--group=1", "group"),
+        ("--steps=2 --discard=2", "discard"), ("--rounds=0", "rounds"),
+        ("--micro_batches=3", "micro_batches"), ("--lr=inf", "lr"), ("--lr=0", "lr"),
+        ("--task=nope", "task"), ("--model=nope", "model"),
+        ("--max_new_tokens=0", "max_new_tokens")],
+    "jaxrl_scale.cli.rollout_bench": [
+        ("--settings=nope", "settings"), ("--ratio=1", "ratio"), ("--rounds=0", "rounds"),
+        ("--steps=2 --discard=2", "discard"), ("--group=1", "group"),
+        ("--small_median=nan", "small_median"), ("--small_max_new=0", "small_max_new"),
+        ("--init_checkpoint=/no/such/dir", "init_checkpoint"), ("--seed=-3", "seed")],
+}
+
+
+@pytest.mark.parametrize("module", sorted(BENCH_ROWS))
+def test_bench_bad_inputs_one_line_each(tmp_path, module):
+    """The benches check their flags like the commands: one line, exit 2, before any model."""
+    (tmp_path / "a_file").write_text("")
+    rows = BENCH_ROWS[module]
+    results = _table(tmp_path, module, rows, file=tmp_path / "a_file")
+    _check(results, rows)
