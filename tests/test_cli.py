@@ -392,6 +392,9 @@ def test_plan_bad_inputs_one_line_each(tmp_path):
     nonorm = _probe(tmp_path, "nonorm", norms=False)
     evil = _probe(tmp_path, "evil", reward_fn="builtins:exec")
     named = _probe(tmp_path, "named", reward_fn="my_rw:score")
+    twice = _probe(tmp_path, "twice")          # a second training appended to the probe
+    with open(twice / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 1, "responses": 128, "time_s": 1.0}) + "\n")
     tj = tmp_path / "timings.json"
     tj.write_text(json.dumps([{"batch": b, "batch_gen": b, "gen_s": [1 + 1e-3 * b] * 3,
                                "train_s": [0.5 + 2e-3 * b] * 3} for b in (64, 128, 256)]))
@@ -429,6 +432,7 @@ def test_plan_bad_inputs_one_line_each(tmp_path):
         (f"--probe_run={evil} --time_batches=64,128 --reward_fn=builtins:exec", "reward_fn"),
         (f"--probe_run={named} --time_batches=64,128", "reward_fn"),
         (f"{P} --time_batches=64,128 --reward_fn=os:system", "reward_fn"),
+        (f"--probe_run={twice} {T}", "step"),
         (f"{P} --time_batches=64,128", "REACHED"),            # a good timing request runs
     ]
     assert sum(f != "REACHED" for _, f in rows) >= 15

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from absl import flags
 
@@ -316,8 +317,13 @@ def _ci(v, ci) -> str:
 def main(argv):
     del argv
     quiet_logging()
+    from jaxrl_scale.scaling.io import DataError
     with one_line_errors():
-        _plan()
+        try:
+            _plan()
+        except DataError as e:    # a probe's (or a sweep's) records are nonsense: bad input
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            sys.exit(2)
     return 0
 
 
