@@ -197,7 +197,7 @@ def check_flags() -> None:
     c.check_flag_ranges({"prompt_len": (1, INF, False), "new_tokens": (1, INF, False),
                          "repeats": (1, INF, False), "matmul_n": (1, INF, False),
                          "copy_mib": (1, INF, False), "min_gain": (0, INF, True),
-                         "seed": (0, 2 ** 32 - 1, False)},
+                         "seed": (0, INF, False)},
                         ints=("prompt_len", "new_tokens", "repeats", "matmul_n", "copy_mib",
                               "seed"))
     c.int_list_flag("batch_sizes")

@@ -242,7 +242,7 @@ def _check_flags() -> list[int]:
     c.check_flag_ranges({"group": (2, c.INF, False), "max_new_tokens": (1, c.INF, False),
                          "steps": (1, c.INF, False), "discard": (0, c.INF, False),
                          "rounds": (1, c.INF, False), "micro_batches": (1, c.INF, False),
-                         "lr": (0, c.INF, True), "seed": (0, 2 ** 32 - 1, False)},
+                         "lr": (0, c.INF, True), "seed": (0, c.INF, False)},
                         ints=("group", "max_new_tokens", "steps", "discard", "rounds",
                               "micro_batches", "seed"))
     Ps = c.int_list_flag("prompts")

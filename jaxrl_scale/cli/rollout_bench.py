@@ -218,7 +218,7 @@ def check_flags() -> None:
                          "steps": (1, INF, False), "discard": (0, INF, False),
                          "small_prompts": (1, INF, False), "small_group": (2, INF, False),
                          "small_updates": (1, INF, False), "small_max_new": (1, INF, False),
-                         "small_median": (0, INF, True), "seed": (0, 2 ** 32 - 1, False)},
+                         "small_median": (0, INF, True), "seed": (0, INF, False)},
                         ints=ints)
     if not FLAGS.settings:
         raise ConfigError("settings", "none given", f"pass some of {','.join(SETTINGS)}")

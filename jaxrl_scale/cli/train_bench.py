@@ -114,7 +114,7 @@ def check_flags() -> None:
     c.check_flag_ranges({"batch": (1, INF, False), "seq_len": (2, INF, False),
                          "group_size": (1, INF, False), "prompt_len": (1, INF, False),
                          "repeats": (1, INF, False), "matmul_n": (1, INF, False),
-                         "seed": (0, 2 ** 32 - 1, False)},
+                         "seed": (0, INF, False)},
                         ints=("batch", "seq_len", "group_size", "prompt_len", "repeats",
                               "matmul_n", "seed"))
     if FLAGS.prompt_len >= FLAGS.seq_len:
