@@ -443,6 +443,7 @@ def test_skipped_streak_counts_consecutive_skips():
     assert seen == [0, 1, 2, 2, 3, 0, 1]
 
 
+@pytest.mark.slow   # a compile and 5 steps (76 s on a shared CPU); skipped_streak is in the default run
 def test_run_whose_updates_are_all_nonfinite_stops(tmp_path, data_dir, monkeypatch):
     """An infinite lr (the flag refuses it; here it gets past validation) makes every update
     non-finite: the run stops after NONFINITE_STREAK skipped updates with an error naming
