@@ -51,6 +51,8 @@ TRAIN_ROWS = [
     ("--algo=ppo --group_size=1 --critic_lr_rule=cubic", "critic_lr_rule"),
     ("--wandb_mode=cloud", "wandb_mode"), ("--reward_fn=nocolon", "reward_fn"),
     ("--reward_fn=no_such_module_xyz:f", "reward_fn"), ("--reward_timeout_s=-1", "reward_timeout_s"),
+    ("--reward_fn=builtins:exec", "reward_fn"), ("--reward_fn=os:system", "reward_fn"),
+    ("--base_lr=inf", "base_lr"), ("--critic_base_lr=nan", "critic_base_lr"),
     # multi-process launch settings (jaxrl_scale/cli: checked before jax.distributed starts)
     ("--num_processes=0", "num_processes"),
     ("--coordinator_address=127.0.0.1:1234", "num_processes"), ("--process_id=1", "process_id"),
@@ -92,6 +94,9 @@ _CHILD = textwrap.dedent("""
     for name in ("run_training", "run_sweep", "sft_warmstart"):
         if hasattr(m, name):
             setattr(m, name, reached)
+    if m.__name__ == "jaxrl_scale.cli.plan":      # the timing pass (minutes) is the sentinel
+        import jaxrl_scale.experiment.timing as timing
+        timing.time_batches = reached
     out = []
     for row in json.load(open(sys.argv[1])):
         flags.FLAGS.unparse_flags()
@@ -243,6 +248,11 @@ def test_analyze_bad_inputs_one_line_each(tmp_path):
     tnan = _bad(tmp_path, "tnan", raw=['{"step": 1, "responses": 64, "time_s": NaN}',
                                        '{"step": 1, "responses": 64, "score": 0.5}'])
     tdec = _bad(tmp_path, "tdec", train=T([(1, 64, 5.0), (2, 128, 4.0)]))
+    E = lambda rs: [{"step": s, "responses": 64 * s, "score": v} for s, v in rs]  # noqa: E731
+    high = _bad(tmp_path, "high", evals=E([(0, 0.1), (5, 1.5), (10, 0.9)]))
+    low = _bad(tmp_path, "low", evals=E([(0, -0.2), (5, 0.5), (10, 0.9)]))
+    two = [json.dumps(r) for r in T([(1, 64, 1.0), (2, 128, 2.0), (2, 128, 2.1), (3, 192, 3.0)])]
+    twice = _bad(tmp_path, "twice", raw=two)               # two trainings in one directory
     rows = [
         (f"--sweep_dir={good} --n_boot=0", "n_boot"), (f"--sweep_dir={good} --n_boot=19", "n_boot"),
         (f"--sweep_dir={good} --ci_level=0.99 --n_boot=150", "n_boot"),
@@ -261,6 +271,12 @@ def test_analyze_bad_inputs_one_line_each(tmp_path):
         (f"--sweep_dir={tinf}", "time_s"), (f"--sweep_dir={tnan}", "time_s"),
         (f"--sweep_dir={tdec}", "time_s"),
         (f"--sweep_dir={tmp_path / 'nothing_here'}", "analysis"),
+        (f"--sweep_dir={high}", "score"), (f"--sweep_dir={low}", "score"),
+        (f"--sweep_dir={high} --score_range=0,1.2", "score"),
+        (f"--sweep_dir={good} --score_range=foo", "score_range"),
+        (f"--sweep_dir={good} --score_range=1,0", "score_range"),
+        (f"--sweep_dir={good} --score_range=0,inf", "score_range"),
+        (f"--sweep_dir={twice}", "step"),
     ]
     results = _table(tmp_path, "jaxrl_scale.cli.analyze", rows)
     _check(results, rows)
@@ -269,6 +285,10 @@ def test_analyze_bad_inputs_one_line_each(tmp_path):
     assert "step 3: decreases (100 after 128 at step 2)" in by[f"--sweep_dir={dec}"]
     assert "step 2: is inf" in by[f"--sweep_dir={tinf}"]
     assert str(neg) in by[f"--sweep_dir={neg}"]          # names the file
+    assert "metrics.jsonl step 5: is 1.5, outside [0, 1]" in by[f"--sweep_dir={high}"]
+    assert "--score_range=any" in by[f"--sweep_dir={high}"]
+    assert (f"{twice}/grpo_P8_G8_sqrt_s0/metrics.jsonl line 3 step 2: repeats the training "
+            "record of line 2") in by[f"--sweep_dir={twice}"]
 
 
 def test_make_run_counts_what_it_ignores():
@@ -287,6 +307,40 @@ def test_make_run_counts_what_it_ignores():
     assert "1 record(s) with a string-typed 'score' ignored (first at step 3)" in w
 
 
+def test_scores_outside_the_range_are_refused_unless_said_otherwise():
+    from jaxrl_scale.scaling import io as sio
+    run = sio.make_run("r", [{"step": 1, "responses": 64, "score": 2.5}], path="/x/r")
+    sio.check_scores([run])             # "auto": another format's score may be a reward
+    run.score_is_accuracy = True        # as read_run marks a jaxrl metrics.jsonl
+    with pytest.raises(sio.DataError, match=r"^score: /x/r/metrics.jsonl step 1: is 2.5, "
+                                            r"outside \[0, 1\] \(this score is an accuracy\)"):
+        sio.check_scores([run])
+    sio.check_scores([run], None)               # --score_range=any: a reward on its own scale
+    sio.check_scores([run], (-5.0, 5.0))
+    with pytest.raises(sio.DataError):
+        sio.check_scores([run], (-5.0, 2.0))
+
+
+@pytest.mark.parametrize("steps, line", [
+    ([(1, 0), (2, 0), (2, 0), (3, 0)], 3),               # 0,1,2,2,3: a second training
+    ([(1, 0), (2, 0), (3, 0), (1, 0)], 4),               # restarted from 1 in the same file
+    ([(0, 1), (1, 0), (5, 1), (2, 0), (5, 1)], 5),       # eval steps repeat too
+])
+def test_interleaved_steps_are_refused_with_file_and_line(tmp_path, steps, line):
+    """Training and eval records each have increasing steps (an eval shares its step with
+    the training record before it; a resume cuts the file back first)."""
+    from jaxrl_scale.scaling import io as sio
+    lines = [json.dumps({"step": s, "responses": 64 * s, **({"score": 0.5} if ev else
+                                                            {"time_s": 1.0 * s})})
+             for s, ev in steps]
+    d = _run_dir(tmp_path, "r", raw=lines)
+    with pytest.raises(sio.DataError) as e:
+        sio.read_run(str(d))
+    assert str(e.value).startswith(f"step: {d}/metrics.jsonl line {line} step ")
+    ok = _run_dir(tmp_path, "ok", raw=lines[:line - 1])
+    sio.read_run(str(ok))
+
+
 @pytest.mark.parametrize("recs, field, step", [
     ([{"step": 1, "responses": -1, "time_s": 0.0}], "responses", 1),
     ([{"step": 1, "responses": 9, "time_s": 0.0}, {"step": 2, "responses": 8, "time_s": 1.0}],
@@ -301,3 +355,127 @@ def test_make_run_refuses_nonsense(recs, field, step):
     with pytest.raises(sio.DataError) as e:
         sio.make_run("r", recs, source="m.jsonl")
     assert str(e.value).startswith(f"{field}: m.jsonl step {step}: ") and ". Fix: " in str(e.value)
+
+
+def _probe(root, name, norms=True, reward_fn=""):
+    """A probe run at B0 = 128 (P=16 x G=8, 2 micro-batches): config.json of a real
+    TrainConfig, 40 training records (with the micro-batch gradient norms unless norms=False)
+    and evals every 10 steps reaching 0.5."""
+    from jaxrl_scale.experiment.config import TrainConfig, write_config
+    import numpy as np
+    d = root / name
+    write_config(str(d), TrainConfig.make(run_dir=str(d), prompts_per_step=16, group_size=8,
+                                          micro_batches=2, reward_fn=""))
+    if reward_fn:     # as a shared run directory may hold it (write_config would load it)
+        cfg = json.loads((d / "config.json").read_text())
+        cfg["reward_fn"] = reward_fn
+        (d / "config.json").write_text(json.dumps(cfg))
+    rng = np.random.default_rng(0)
+    recs = []
+    for s in range(1, 41):
+        r = {"step": s, "responses": 128 * s, "time_s": 1.0 * s, "gen_s": 0.5, "train_s": 0.5}
+        if norms:
+            micro = (1 + rng.standard_normal(2) * 0.3).tolist()
+            r.update(actor_grad_sqnorm_micro=micro, actor_grad_sqnorm=0.6 * np.mean(micro),
+                     micro_batch_size=64)
+        recs.append(r)
+    recs += [{"step": s, "responses": 128 * s, "score": 0.1 + 0.01 * s} for s in (0, 10, 20, 30, 40)]
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    return d
+
+
+def test_plan_bad_inputs_one_line_each(tmp_path):
+    """Every flag of jaxrl-plan is checked before any timing pass (the sentinel): a probe
+    without micro-batch norms is refused before it, and a probe's config.json never picks the
+    reward function the pass would call."""
+    good = _probe(tmp_path, "good")
+    nonorm = _probe(tmp_path, "nonorm", norms=False)
+    evil = _probe(tmp_path, "evil", reward_fn="builtins:exec")
+    named = _probe(tmp_path, "named", reward_fn="my_rw:score")
+    twice = _probe(tmp_path, "twice")          # a second training appended to the probe
+    with open(twice / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 1, "responses": 128, "time_s": 1.0}) + "\n")
+    tj = tmp_path / "timings.json"
+    tj.write_text(json.dumps([{"batch": b, "batch_gen": b, "gen_s": [1 + 1e-3 * b] * 3,
+                               "train_s": [0.5 + 2e-3 * b] * 3} for b in (64, 128, 256)]))
+    (tmp_path / "a_file").write_text("")
+    P, T = f"--probe_run={good}", f"--timings_json={tj}"
+    rows = [
+        (T, "probe_run"), (f"--probe_run={tmp_path / 'nope'} {T}", "probe_run"),
+        (f"--probe_run={nonorm} --time_batches=64,128", "probe_run"),
+        (P, "timings_json"), (f"{P} {T} --chip=H100", "timings_json"),
+        (f"{P} --timings_json={tmp_path / 'no.json'}", "timings_json"),
+        (f"{P} --step_times_from={tmp_path / 'nope'}", "step_times_from"),
+        (f"{P} {T} --batches=64,abc", "batches"), (f"{P} {T} --batches=64,inf", "batches"),
+        (f"{P} {T} --batches=64,-1", "batches"), (f"{P} {T} --batches=64,64", "batches"),
+        (f"{P} --time_batches=64,100.5", "time_batches"), (f"{P} --time_batches=60", "time_batches"),
+        (f"{P} --time_batches=0", "time_batches"),
+        (f"{P} {T} --n_boot=0", "n_boot"), (f"{P} {T} --n_boot=19", "n_boot"),
+        (f"{P} {T} --ci_level=1", "ci_level"), (f"{P} {T} --ci_level=nan", "ci_level"),
+        (f"{P} {T} --ci_level=0", "ci_level"),
+        (f"{P} {T} --window=0", "window"), (f"{P} {T} --window=inf", "window"),
+        (f"{P} {T} --n_star=-5", "n_star"), (f"{P} {T} --n_star=inf", "n_star"),
+        (f"{P} {T} --n_star=1000 --target=0.3", "n_star"),
+        (f"{P} {T} --target=nan", "target"), (f"{P} {T} --target=2", "target"),
+        (f"{P} {T} --gen_batch_ratio=0.5", "gen_batch_ratio"),
+        (f"{P} {T} --timing_warmup=-1", "timing_warmup"),
+        (f"{P} {T} --timing_steps=-1", "timing_steps"), (f"{P} {T} --block=-1", "block"),
+        (f"{P} {T} --n_windows=0", "n_windows"), (f"{P} {T} --seed=-1", "seed"),
+        (f"{P} --chip=Z80 --prompt_len=16", "chip"), (f"{P} --chip=H100", "prompt_len"),
+        (f"{P} --chip=H100 --prompt_len=0", "prompt_len"),
+        (f"{P} --chip=H100 --prompt_len=16 --model=nope", "model"),
+        (f"{P} {T} --compare={tmp_path / 'no.json'}", "compare"),
+        (f"{P} {T} --out_dir={tmp_path / 'a_file'}", "out_dir"),
+        (f"{P} {T} --out_dir={tmp_path / 'a_file' / 'sub'}", "out_dir"),
+        # security: the probe's config.json names code; it runs only if the user names it
+        (f"--probe_run={evil} --time_batches=64,128", "reward_fn"),
+        (f"--probe_run={evil} --time_batches=64,128 --reward_fn=builtins:exec", "reward_fn"),
+        (f"--probe_run={named} --time_batches=64,128", "reward_fn"),
+        (f"{P} --time_batches=64,128 --reward_fn=os:system", "reward_fn"),
+        (f"--probe_run={twice} {T}", "step"),
+        (f"{P} --time_batches=64,128", "REACHED"),            # a good timing request runs
+    ]
+    assert sum(f != "REACHED" for _, f in rows) >= 15
+    results = _table(tmp_path, "jaxrl_scale.cli.plan", rows)
+    _check(results, rows)
+    by = {r["row"]: r["stderr"] for r in results}
+    assert "--reward_fn=builtins:exec if you trust" in \
+        by[f"--probe_run={evil} --time_batches=64,128"]
+    assert "micro_batches=2" in by[f"--probe_run={nonorm} --time_batches=64,128"]
+    assert not (tmp_path / "results").exists()      # nothing written by a refused row
+
+
+BENCH_ROWS = {
+    "jaxrl_scale.cli.decode_bench": [
+        ("--batch_sizes=0,4", "batch_sizes"), ("--batch_sizes=a", "batch_sizes"),
+        ("--prompt_len=0", "prompt_len"), ("--new_tokens=-1", "new_tokens"),
+        ("--repeats=0", "repeats"), ("--dtype=int7", "dtype"), ("--model=nope", "model"),
+        ("--hf_checkpoint=/no/such/dir", "hf_checkpoint"), ("--min_gain=inf", "min_gain"),
+        ("--min_gain=0", "min_gain"), ("--copy_mib=0", "copy_mib"), ("--seed=-1", "seed"),
+        ("--json_out={file}/x.json", "json_out")],
+    "jaxrl_scale.cli.train_bench": [
+        ("--batch=0", "batch"), ("--seq_len=1", "seq_len"), ("--prompt_len=80", "prompt_len"),
+        ("--group_size=7", "group_size"), ("--micro_batches=3", "micro_batches"),
+        ("--micro_batches=0", "micro_batches"), ("--repeats=0", "repeats"),
+        ("--dtype=fp8", "dtype"), ("--model=nope", "model"), ("--matmul_n=0", "matmul_n")],
+    "jaxrl_scale.cli.rl_bench": [
+        ("--prompts=0", "prompts"), ("--prompts=x", "prompts"), ("--group=1", "group"),
+        ("--steps=2 --discard=2", "discard"), ("--rounds=0", "rounds"),
+        ("--micro_batches=3", "micro_batches"), ("--lr=inf", "lr"), ("--lr=0", "lr"),
+        ("--task=nope", "task"), ("--model=nope", "model"),
+        ("--max_new_tokens=0", "max_new_tokens")],
+    "jaxrl_scale.cli.rollout_bench": [
+        ("--settings=nope", "settings"), ("--ratio=1", "ratio"), ("--rounds=0", "rounds"),
+        ("--steps=2 --discard=2", "discard"), ("--group=1", "group"),
+        ("--small_median=nan", "small_median"), ("--small_max_new=0", "small_max_new"),
+        ("--init_checkpoint=/no/such/dir", "init_checkpoint"), ("--seed=-3", "seed")],
+}
+
+
+@pytest.mark.parametrize("module", sorted(BENCH_ROWS))
+def test_bench_bad_inputs_one_line_each(tmp_path, module):
+    """The benches check their flags like the commands: one line, exit 2, before any model."""
+    (tmp_path / "a_file").write_text("")
+    rows = BENCH_ROWS[module]
+    results = _table(tmp_path, module, rows, file=tmp_path / "a_file")
+    _check(results, rows)

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
+import numerics
+
 from jaxrl_scale import losses
 from jaxrl_scale.rl import losses as rl_losses
 
@@ -55,6 +57,45 @@ def test_rloo_advantages():
 def test_zero_variance_group_is_exactly_zero(estimator):
     adv = losses.group_advantages(jnp.full([6], 0.1), 3, estimator=estimator)
     assert np.all(np.asarray(adv) == 0.0)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "drgrpo", "rloo"])
+@pytest.mark.parametrize("scale", [1e30, 1e-30, 3e38])
+def test_advantages_safe_at_any_finite_reward_scale(estimator, scale):
+    """Rewards near the float32 limit: the group is rescaled by a power of two before the
+    mean and std (1e30^2 overflows float32, so the std became inf and every advantage 0).
+    Reference: the same formula in float64 on the float32-rounded rewards. Each advantage is a
+    few G-term sums of terms <= max|x|, so it may differ by gamma(4 G) of the largest one
+    (eps, 1e-6 of an O(1) std at scale 1, is below that and is 0 at the large scales)."""
+    base = np.array([1.0, 0.0, 0.0, 0.0, 0.5, -0.25, 1.0, 0.75], np.float64)
+    r32 = (base * scale).astype(np.float32)
+    adv = np.asarray(losses.group_advantages(jnp.asarray(r32), 4, estimator=estimator))
+    r_PG = r32.astype(np.float64).reshape(2, 4)
+    c_PG = r_PG - r_PG.mean(1, keepdims=True)
+    want = {"grpo": c_PG / (r_PG.std(1, ddof=1, keepdims=True) + (1e-6 if scale < 1e3 else 0)),
+            "drgrpo": c_PG, "rloo": c_PG * 4 / 3}[estimator].reshape(-1)
+    finite_f32 = np.abs(want) <= np.finfo(np.float32).max
+    # an advantage beyond float32 (none here) must be inf of its sign, never 0 or NaN
+    assert np.all(np.isinf(adv[~finite_f32]) & (np.sign(adv[~finite_f32]) ==
+                                                np.sign(want[~finite_f32])))
+    assert np.all(np.isfinite(adv[finite_f32]))
+    tol = numerics.gamma(4 * 4) * np.max(np.abs(want[finite_f32]))
+    assert_allclose(adv[finite_f32], want[finite_f32], rtol=0, atol=tol)
+    if estimator == "grpo" and scale > 1:   # scale-free above eps: the O(1) advantages
+        unit = np.asarray(losses.group_advantages(jnp.asarray(base, jnp.float32), 4))
+        assert_allclose(adv, unit, rtol=0, atol=numerics.gamma(16) * np.max(np.abs(unit)) + 1e-5)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "drgrpo", "rloo"])
+def test_rescaling_leaves_unit_rewards_bit_identical(estimator):
+    """|r| <= 1 (the 0/1 rewards of every built-in task): the scale is 1, so the advantages are
+    bit for bit those of the unscaled formula (recorded sweeps stay reproducible)."""
+    r_PG = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (16, 8)), jnp.float32)
+    c_PG = r_PG - jnp.mean(r_PG, axis=1, keepdims=True)
+    old = {"grpo": lambda: c_PG / (jnp.std(r_PG, axis=1, keepdims=True, ddof=1) + 1e-6),
+           "drgrpo": lambda: c_PG, "rloo": lambda: c_PG * (8 / 7)}[estimator]()
+    new = losses.group_advantages(r_PG.reshape(-1), 8, estimator=estimator)
+    assert np.array_equal(np.asarray(new), np.asarray(old).reshape(-1))
 
 
 def test_group_advantages_errors():

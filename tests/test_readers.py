@@ -321,7 +321,8 @@ def test_own_sweeps_read_as_before(tmp_path):
     write_synthetic_run(str(tmp_path), "grpo_B1024_sqrt_s0", 1024, 10000, 15.0)
     sweep = readers.read_sweep_dir(str(tmp_path))
     assert sweep.format == "jaxrl" and len(sweep.runs) == 2
-    s = analyze_and_report(str(tmp_path), TARGET, fmt="auto")
+    # the synthetic linear curves pass 1 late in the run (no accuracy does): score_range=None
+    s = analyze_and_report(str(tmp_path), TARGET, fmt="auto", score_range=None)
     assert s["configs"]["grpo_B1024_sqrt"]["r_q"] == pytest.approx(1.5)
 
 

@@ -246,7 +246,7 @@ def test_analyze_script(tmp_path):
     sw = _sweep(tmp_path / "sw")
     out = tmp_path / "out"
     res = _run(f"--sweep_dir={sw}", "--target=auto", "--reference=grpo_B512_sqrt",
-               f"--out={out}")
+               f"--out={out}", "--score_range=any")   # the linear curves pass 1 late
     assert res.returncode == 0, res.stderr
     assert "| grpo_B2048_sqrt |" in res.stdout and "skipped: crashed" in res.stderr
     assert "- Power (reference grpo_B512_sqrt): eval SE = " in res.stdout  # facts(): Answer
@@ -266,8 +266,10 @@ def _load_script():
 def test_analyze_main(tmp_path, capsys):
     mod = _load_script()  # main() in-process: one subprocess above is enough
     sw = _sweep(tmp_path / "sw")
-    for args, msg in [((f"--sweep_dir={sw}", "--target=0.5", "--reference=nope"),
-                       "available runs"),
+    for args, msg in [((f"--sweep_dir={sw}", "--target=0.5"),   # linear curves pass 1
+                       "error: score: "),
+                      ((f"--sweep_dir={sw}", "--target=0.5", "--reference=nope",
+                        "--score_range=any"), "available runs"),
                       ((f"--sweep_dir={sw}", "--target=abc"), "error: target: must be 'auto' or a number"),
                       ((f"--sweep_dir={tmp_path / 'missing'}", "--target=0.5"),
                        "does not exist")]:
@@ -281,7 +283,7 @@ def test_analyze_main(tmp_path, capsys):
         err = capsys.readouterr().err
         assert msg in err and ". Fix: " in err and len(err.strip().splitlines()) == 1
     mod.FLAGS.unparse_flags()
-    mod.FLAGS(["analyze.py", f"--sweep_dir={sw}", "--target=0.5"])
+    mod.FLAGS(["analyze.py", f"--sweep_dir={sw}", "--target=0.5", "--score_range=any"])
     assert mod.main([]) == 0
     out = capsys.readouterr().out
     mod.FLAGS.unparse_flags()

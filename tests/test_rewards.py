@@ -1,3 +1,6 @@
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -118,3 +121,100 @@ def test_reward_for_task():
         assert r.failures == 0
     finally:
         r.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# A reward is a finite real number; anything else is a counted failure scored 0.
+
+_VALUES = [
+    (True, 1.0), (False, 0.0), (1, 1.0), (0.25, 0.25), (np.float32(0.5), 0.5),
+    (np.int64(-2), -2.0), (np.bool_(True), 1.0), (1e30, 1e30), (-3e38, -3e38),
+    ("1.0", None), ("", None), (None, None), (float("nan"), None), (float("inf"), None),
+    (-float("inf"), None), (4e38, None), (10 ** 400, None), ([1.0], None), (1 + 0j, None),
+    (np.array([1.0, 2.0]), None), ({"r": 1}, None),
+]
+
+
+@pytest.mark.parametrize("value, want", _VALUES, ids=[repr(v)[:20] for v, _ in _VALUES])
+def test_rewards_are_finite_real_numbers(value, want):
+    """Strings (even "1.0"), None, NaN, inf, |r| beyond float32 and containers score 0 and
+    count as failures (README: "an exception, a timeout or a non-number scores 0"); bools,
+    ints, floats and numpy scalars are rewards, kept as float32."""
+    r = RewardFn(lambda response, example: value)
+    out = r.score_batch(["x", "y"], [{}])
+    if want is None:
+        np.testing.assert_array_equal(out, [0, 0])
+        assert r.failures == 2 and "returned" in r.last_error
+    else:
+        np.testing.assert_array_equal(out, np.float32([want, want]))
+        assert r.failures == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# --reward_fn names code: only the user's own functions and the library's rewards.
+
+_USER_MODULE = '''
+import os
+from subprocess import run
+from jaxrl_scale.data.rewards import exact_match
+system = os.system
+evil = eval
+def score(response, example):
+    return float(response.strip() == str(example["answer"]))
+def _private(response, example):
+    return 1.0
+class Scorer:
+    def __call__(self, response, example):
+        return 1.0
+scorer = Scorer()
+'''
+
+_SPECS = [
+    ("builtins:exec", "standard-library module 'builtins'"),
+    ("builtins:eval", "standard-library module 'builtins'"),
+    ("os:system", "standard-library module 'os'"),
+    ("subprocess:run", "standard-library module 'subprocess'"),
+    ("pickle:loads", "standard-library module 'pickle'"),
+    ("antigravity:fly", "standard-library module 'antigravity'"),   # refused before import
+    ("numpy:load", "site-packages"),
+    ("jaxrl_scale.numbers:write_json", "not one of the library's rewards"),
+    ("my_rw:system", "builtin_function_or_method, not a function"),
+    ("my_rw:evil", "builtin_function_or_method, not a function"),
+    ("my_rw:run", "standard-library module 'subprocess'"),           # re-exported
+    ("my_rw:os", "module, not a function"),
+    ("my_rw:scorer", "Scorer, not a function"),
+    ("my_rw:__builtins__", "dict, not a function"),
+    ("my_rw:score.__globals__", "not a function name"),
+    ("my_rw:nothing", "has no function 'nothing'"),
+    ("no_such_module_xyz:f", "cannot import"),
+    ("nocolon", "not of the form"),
+    ("my_rw:score", None), ("my_rw:_private", None), ("my_rw:exact_match", None),
+    ("jaxrl_scale.data.rewards:exact_match", None),
+]
+
+
+@pytest.mark.parametrize("spec, refusal", _SPECS, ids=[s for s, _ in _SPECS])
+def test_reward_fn_spec_allowlist(tmp_path, spec, refusal):
+    """The working directory is importable without PYTHONPATH (as under the installed
+    commands, whose sys.path has no ''), and nothing outside the user's own modules or the
+    library's rewards is ever returned. Runs in a child: sys.path and imports stay clean."""
+    (tmp_path / "my_rw.py").write_text(_USER_MODULE)
+    code = ("import sys; sys.path[:] = [p for p in sys.path if p not in ('', sys.argv[2])]\n"
+            "from jaxrl_scale.data.rewards import load_reward_fn\n"
+            "try:\n"
+            "    fn = load_reward_fn(sys.argv[1])\n"
+            "    print('OK', fn(' 12', {'answer': '12'}))\n"
+            "except ValueError as e:\n"
+            "    print('REFUSED', e)\n"
+            "print('antigravity' in sys.modules)\n")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__))))    # this checkout's package; the module's directory is only the cwd
+    res = subprocess.run([sys.executable, "-c", code, spec, str(tmp_path)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, env=env)
+    out = res.stdout.splitlines()
+    assert res.returncode == 0 and len(out) == 2, res.stderr
+    if refusal is None:
+        assert out[0] == "OK 1.0", out
+    else:
+        assert out[0].startswith("REFUSED") and refusal in out[0], out
+    assert out[1] == "False"          # a refused stdlib module is not even imported

@@ -176,3 +176,49 @@ def test_cli_flat_flags_set_nested_fields():
     assert got["loss"]["clip_high"] == 0.3 and got["optim"]["warmup_steps"] == 5
     assert got["sampling"]["temperature"] == got["loss"]["temperature"] == 0.8
     assert got["optim"]["max_grad_norm"] == 10.0 and got["eval_samples"] == 16   # STUDY_BASE
+
+
+def test_sweep_that_lost_a_run_says_so(tmp_path, monkeypatch):
+    """One run's metrics.jsonl has a corrupt line before its last (the resume's read refuses
+    it): the sweep goes on, sweep_status.json says runs_failed and names it, the report's
+    first line says the sweep is incomplete, and the command's exit status is 3. Runs are
+    synthetic (no training): what is tested is the sweep's accounting."""
+    from jaxrl_scale.experiment.metrics import CorruptMetricsError, MetricsLog
+    from jaxrl_scale.scaling.synthetic import write_synthetic_run
+    sweep = SweepConfig(sweep_dir=str(tmp_path / "sweep"), prompts=(4, 8, 16), group_sizes=(2,),
+                        base_prompts=0, lr_rules=("sqrt",), fixed_prompts=(), pairs=(),
+                        seeds=(0, 1), max_responses=320, eval_every_responses=32,
+                        tune_lrs=(), target=0.5, compile_cache=False, tune_max_extensions=0)
+    lost = os.path.join(sweep.sweep_dir, "grpo_P16_G2_sqrt_s1")
+    os.makedirs(lost)
+    with open(os.path.join(lost, "metrics.jsonl"), "w") as f:
+        f.write('{"step": 0, "responses": 0, "score": 0.1}\n{"step": 1, "resp\n{"step": 2}\n')
+
+    def synthetic_training(cfg, **kw):
+        MetricsLog(os.path.join(cfg.run_dir, "metrics.jsonl")).read()   # as a resume does
+        root, name = os.path.split(cfg.run_dir)
+        write_synthetic_run(root, name, cfg.batch_train, n_star=40.0 * cfg.batch_train ** 0.5,
+                            q=50.0, steps=320 // cfg.batch_train, eval_every=1, cap=0.9,
+                            seed=cfg.seed, noise_seed=cfg.seed, eval_n=200)
+        with open(os.path.join(cfg.run_dir, "DONE.json"), "w") as f:
+            json.dump({"step": 1}, f)
+        return {"finished": True}
+
+    monkeypatch.setattr(sweep_mod, "run_training", synthetic_training)
+    summary = run_sweep(sweep, TrainConfig(), progress=False)
+    assert list(summary["errors"]) == ["grpo_P16_G2_sqrt_s1"]
+    assert summary["errors"]["grpo_P16_G2_sqrt_s1"].startswith(CorruptMetricsError.__name__)
+    with open(os.path.join(sweep.sweep_dir, "sweep_status.json")) as f:
+        status = json.load(f)
+    assert status["status"] == "runs_failed" and status["failed_runs"] == ["grpo_P16_G2_sqrt_s1"]
+    assert status["runs"] == 6
+    with open(summary["report_path"]) as f:
+        first = f.readline()
+    assert first.startswith("**Incomplete sweep: 1 run(s) or step(s) failed** "
+                            "(grpo_P16_G2_sqrt_s1)")
+    code, line = sweep_mod.exit_status(summary)
+    assert code == sweep_mod.EXIT_RUNS_FAILED == 3 and "grpo_P16_G2_sqrt_s1" in line
+    assert line.startswith("error: sweep: 1 run(s) failed") and ". Fix: " in line
+    assert sweep_mod.exit_status({"errors": {}}) == (0, None)
+    assert sweep_mod.exit_status({"errors": {}, "analysis_error": "x"}) == (1, None)
+    assert sweep_mod.sweep_status({}, 6)["status"] == "complete"

@@ -412,3 +412,51 @@ def test_ppo_with_partial_rollout(tmp_path, data_dir, monkeypatch):
     recs = [r for r in _records(cfg.run_dir) if "actor_loss" in r]
     assert len(recs) == 2 and all(r["retained"] == 16 and r["batch_gen"] == 32 for r in recs)
     assert recs[1]["staleness_max"] <= 1 and np.isfinite(recs[1]["critic_loss"])
+
+
+def test_max_new_tokens_must_hold_the_answers(tmp_path, data_dir):
+    """Arithmetic answers are up to 3 characters ("-89", "198"): with 2 new tokens no
+    response can be right; refused before the model loads, naming the minimum."""
+    from jaxrl_scale.experiment.config import ConfigError
+    from jaxrl_scale.experiment.common import check_answer_room
+    from jaxrl_scale.experiment.common import load_splits
+    from jaxrl_scale.models.tokenizer import load_tokenizer
+    cfg = tiny_cfg(tmp_path, data_dir, max_new_tokens=2)
+    train, test = load_splits(cfg.task, cfg.task_kwargs, data_dir, 200, 32)
+    need = max(len(str(src[i]["answer"])) for src in (train, test) for i in range(len(src)))
+    with pytest.raises(ConfigError, match=rf"^max_new_tokens: 2 token\(s\) cannot hold .* "
+                                          rf"Fix: set --max_new_tokens >= {need}\.$"):
+        Run(cfg)
+    check_answer_room(load_tokenizer("char"), [("train", train), ("test", test)], need)
+    with pytest.raises(ConfigError):
+        check_answer_room(load_tokenizer("char"), [("train", train)], need - 1)
+
+
+def test_skipped_streak_counts_consecutive_skips():
+    from jaxrl_scale.experiment.train import skipped_streak
+    streak, count = 0, 0
+    seen = []
+    for c in (0, 1, 2, None, 3, 3, 4):      # None: a step without an update (all filtered)
+        streak, count = skipped_streak(streak, count, {} if c is None else
+                                       {"actor_nonfinite_count": c})
+        seen.append(streak)
+    assert seen == [0, 1, 2, 2, 3, 0, 1]
+
+
+@pytest.mark.slow   # a compile and 5 steps (76 s on a shared CPU); skipped_streak is in the default run
+def test_run_whose_updates_are_all_nonfinite_stops(tmp_path, data_dir, monkeypatch):
+    """An infinite lr (the flag refuses it; here it gets past validation) makes every update
+    non-finite: the run stops after NONFINITE_STREAK skipped updates with an error naming
+    base_lr, writes no DONE.json and never reports finished."""
+    from jaxrl_scale.experiment import train as train_mod
+    original = train_mod.optimizer_for
+    monkeypatch.setattr(train_mod, "optimizer_for",
+                        lambda cfg, base_lr, *a, **k: original(cfg, float("inf"), *a, **k))
+    cfg = tiny_cfg(tmp_path / "run", data_dir, max_steps=20, eval_every=100,
+                   checkpoint_every=100, filter_zero_variance=False)
+    with pytest.raises(train_mod.NonfiniteUpdatesError,
+                       match=r"^base_lr: the last 5 updates \(steps 1\.\.5\) were all skipped"):
+        run_training(cfg, progress=False)
+    recs = [r for r in _records(cfg.run_dir) if "score" not in r and r["step"] > 0]
+    assert [r["actor_nonfinite_count"] for r in recs] == [1, 2, 3, 4, 5]
+    assert not os.path.exists(os.path.join(cfg.run_dir, "DONE.json"))

@@ -123,3 +123,65 @@ def init_distributed() -> None:
                                F.process_id if F["process_id"].present else None, auto=True)
     else:
         distributed.initialize(F.coordinator_address, F.num_processes, F.process_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# Flag checks of the benchmarks (cli/*_bench.py): the same one-line errors as the commands,
+# through the same range checker as TrainConfig (experiment.config.check_ranges: finite,
+# typed, in range), before any model is built or timed.
+
+INF = float("inf")
+
+
+def check_flag_ranges(ranges: dict, ints=()) -> None:
+    """ConfigError for the first flag outside its (lowest, highest, lowest excluded) range."""
+    from absl import flags
+    from jaxrl_scale.experiment.config import check_ranges
+    F = flags.FLAGS
+    check_ranges({k: F[k].value for k in ranges if F[k].value is not None}, ranges, set(ints))
+
+
+def int_list_flag(name: str, lowest: int = 1) -> list[int]:
+    """The comma-separated integers of --name, each >= lowest, at least one."""
+    from absl import flags
+    from jaxrl_scale.experiment.errors import ConfigError
+    raw = flags.FLAGS[name].value
+    try:
+        values = [int(x) for x in raw]
+    except ValueError:
+        raise ConfigError(name, f"{','.join(raw)!r} is not a list of integers",
+                          f"pass e.g. --{name}=1,2,4") from None
+    if not values or min(values) < lowest:
+        raise ConfigError(name, f"needs integers >= {lowest}, got {','.join(raw) or 'none'}",
+                          f"pass e.g. --{name}=1,2,4")
+    return values
+
+
+def check_choice(name: str, value: str, choices) -> None:
+    from jaxrl_scale.experiment.errors import ConfigError
+    if value not in choices:
+        raise ConfigError(name, f"{value!r} is not one of {sorted(choices)}",
+                          f"pass --{name}=<one of them>")
+
+
+def check_model_preset(name: str = "model") -> None:
+    from absl import flags
+    from jaxrl_scale.models.config import PRESETS
+    check_choice(name, flags.FLAGS[name].value, PRESETS)
+
+
+def check_json_out(name: str = "json_out") -> None:
+    """--name must be a file path whose nearest existing parent is a writable directory."""
+    import os
+    from absl import flags
+    from jaxrl_scale.experiment.errors import ConfigError
+    path = flags.FLAGS[name].value
+    if not path:
+        return
+    if os.path.isdir(path):
+        raise ConfigError(name, f"{path!r} is a directory", "pass a file path, e.g. out.json")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not (os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK)):
+        raise ConfigError(name, f"cannot write under {parent!r}", "choose a writable path")

@@ -65,8 +65,31 @@ flags.DEFINE_string("tag_map", None, "What the tags (TensorBoard) or columns (W&
                     "train, eval_time, eval_n.")
 
 
-MIN_BOOT = 20    # fewer give no replicate beyond a 90% interval's 5%/95% quantiles (0 removed
-                 # every interval); a wider --ci_level needs more (check_flags)
+flags.DEFINE_string("score_range", "auto", "LO,HI: the range every eval score must lie in; "
+                    "'auto': [0, 1] for jaxrl runs (their score is an accuracy), any finite "
+                    "score for other formats; 'any' when the score is a reward on another "
+                    "scale.")
+
+
+def score_range() -> tuple[float, float] | str | None:
+    """--score_range as (lo, hi), "auto", or None for 'any'; ConfigError if it is none."""
+    import math
+    from jaxrl_scale.experiment.errors import ConfigError
+    raw = FLAGS.score_range.strip().lower()
+    if raw == "any":
+        return None
+    if raw == "auto":
+        return "auto"
+    try:
+        lo, hi = (float(x) for x in raw.split(","))
+    except ValueError:
+        raise ConfigError("score_range", f"must be auto, any or LO,HI, got "
+                          f"{FLAGS.score_range!r}", "pass e.g. --score_range=0,1 or "
+                          "--score_range=any") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ConfigError("score_range", f"needs finite LO < HI, got {FLAGS.score_range!r}",
+                          "pass e.g. --score_range=0,1 or --score_range=any")
+    return lo, hi
 
 
 def check_flags() -> None:
@@ -77,7 +100,8 @@ def check_flags() -> None:
         raise ConfigError("ci_level", f"must be in (0, 1), got {FLAGS.ci_level}",
                           "set --ci_level in (0, 1), e.g. 0.9")
     # each tail of a ci_level interval needs at least one replicate beyond its quantile
-    need = max(MIN_BOOT, math.ceil(2 / (1 - FLAGS.ci_level) - 1e-9))
+    from jaxrl_scale.scaling.stats import min_n_boot   # --n_boot=0 removed every interval
+    need = min_n_boot(FLAGS.ci_level)
     if FLAGS.n_boot < need:
         raise ConfigError("n_boot", f"must be >= {need} for {FLAGS.ci_level:g} intervals, got "
                           f"{FLAGS.n_boot}", f"set --n_boot >= {need} (default 1000)")
@@ -97,6 +121,7 @@ def check_flags() -> None:
     if rps is not None and not (math.isfinite(rps) and rps > 0):
         raise ConfigError("responses_per_step", f"must be a finite number > 0, got {rps}",
                           "pass the responses per optimizer step, e.g. 64")
+    score_range()
     if FLAGS.world_size is not None and FLAGS.world_size < 1:
         raise ConfigError("world_size", f"must be >= 1, got {FLAGS.world_size}",
                           "pass the number of training processes, e.g. 8")
@@ -118,7 +143,8 @@ def main(argv):
                                          responses_per_step=FLAGS.responses_per_step,
                                          world_size=FLAGS.world_size,
                                          score_key=FLAGS.score_key,
-                                         tag_map=FLAGS.tag_map))
+                                         tag_map=FLAGS.tag_map),
+                                     score_range=score_range())
     except readers.ReaderError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

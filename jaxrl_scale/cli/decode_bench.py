@@ -29,7 +29,7 @@ from absl import flags, logging
 import jax
 import numpy as np
 
-from jaxrl_scale.cli import run_main
+from jaxrl_scale.cli import INF, one_line_errors, run_main
 from jaxrl_scale import bench
 from jaxrl_scale.models import get_config, init_params
 from jaxrl_scale.sampling import decode, generate
@@ -191,8 +191,34 @@ def print_table(rows, summary):
               f"{summary['critical_generation_batch']}")
 
 
+def check_flags() -> None:
+    """One line and exit 2 for a flag the bench cannot use, before any model or timing."""
+    import jaxrl_scale.cli as c
+    c.check_flag_ranges({"prompt_len": (1, INF, False), "new_tokens": (1, INF, False),
+                         "repeats": (1, INF, False), "matmul_n": (1, INF, False),
+                         "copy_mib": (1, INF, False), "min_gain": (0, INF, True),
+                         "seed": (0, INF, False)},
+                        ints=("prompt_len", "new_tokens", "repeats", "matmul_n", "copy_mib",
+                              "seed"))
+    c.int_list_flag("batch_sizes")
+    if FLAGS.hf_batch_sizes:
+        c.int_list_flag("hf_batch_sizes")
+    c.check_choice("dtype", FLAGS.dtype, ("float32", "bfloat16", "float16"))
+    if FLAGS.hf_checkpoint:
+        from jaxrl_scale.experiment.config import ConfigError
+        if not os.path.isfile(os.path.join(os.path.expanduser(FLAGS.hf_checkpoint),
+                                           "config.json")):
+            raise ConfigError("hf_checkpoint", f"no config.json in {FLAGS.hf_checkpoint!r}",
+                              "point --hf_checkpoint at a HF checkpoint directory")
+    else:
+        c.check_model_preset()
+    c.check_json_out()
+
+
 def main(argv):
     del argv
+    with one_line_errors():
+        check_flags()
     cfg, params = load_model()
     batches = sorted(int(b) for b in FLAGS.batch_sizes)
     machine = dict(matmul=bench.matmul_peak(FLAGS.matmul_n, FLAGS.dtype),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from absl import flags
 
@@ -65,30 +66,147 @@ flags.DEFINE_string("json_out", None, "Planner JSON path (default OUT_DIR/plan.j
                     "other files go beside it.")
 flags.DEFINE_string("compare", None, "summary.json of a sweep (experiments/analyze.py): "
                     "predictions beside its measured r_N, r_q, T/T0.")
+flags.DEFINE_string("reward_fn", "", "Timing pass: the reward function (module:function) the "
+                    "timed runs call. A probe's config.json never chooses code that runs: if "
+                    "it names a reward_fn, pass the same name here to confirm it.")
 
 
-def _numbers(name: str, values) -> list[float]:
+def _numbers(name: str, values, integer: bool = False) -> list[float]:
+    """The comma-separated list of --name as finite positive numbers (integers if asked)."""
+    import math
     from jaxrl_scale.experiment.config import ConfigError
     out = []
+    kind = "positive integer" if integer else "positive number"
     for v in values:
         try:
             x = float(v)
         except ValueError:
             raise ConfigError(name, f"{v!r} is not a number", f"pass e.g. --{name}=64,128,256") \
                 from None
-        if not x > 0:
-            raise ConfigError(name, f"{v!r} is not positive", f"pass e.g. --{name}=64,128,256")
+        if not (math.isfinite(x) and x > 0) or (integer and not x.is_integer()):
+            raise ConfigError(name, f"{v!r} is not a finite {kind}",
+                              f"pass e.g. --{name}=64,128,256")
         out.append(x)
+    if len(set(out)) != len(out):
+        raise ConfigError(name, f"{','.join(values)} repeats a value", "list each batch once")
     return out
 
 
-def _fit(runs) -> dict:
+THROUGHPUT_SOURCES = ("timings_json", "time_batches", "step_times_from", "chip")
+
+
+def check_flags() -> None:
+    """ConfigError (one line, exit 2) for every flag the planner cannot use, before any run is
+    read, timed or written: ranges through the shared checker (config.check_ranges: finite,
+    typed), the one throughput source and the files and directories the flags name."""
+    import math
+    from jaxrl_scale.experiment.config import ConfigError, check_ranges
+    from jaxrl_scale.scaling.stats import min_n_boot
+    inf = math.inf
+    if FLAGS.target is not None and not math.isfinite(FLAGS.target):
+        raise ConfigError("target", f"must be a finite score, got {FLAGS.target}",
+                          "pass the score J* the probe reaches, e.g. --target=0.3")
+    if not (math.isfinite(FLAGS.ci_level) and 0 < FLAGS.ci_level < 1):
+        raise ConfigError("ci_level", f"must be in (0, 1), got {FLAGS.ci_level}",
+                          "set --ci_level in (0, 1), e.g. 0.9")
+    ranges = {"window": (0, inf, True), "timing_warmup": (0, inf, False),
+              "timing_steps": (0, inf, False), "block": (0, inf, False),
+              "n_windows": (1, inf, False), "seed": (0, inf, False),
+              "n_star": (0, inf, True),
+              "prompt_len": (1, inf, False), "gen_batch_ratio": (1, inf, False)}
+    ints = {"timing_warmup", "timing_steps", "block", "n_windows", "seed", "prompt_len"}
+    check_ranges({k: FLAGS[k].value for k in ranges if FLAGS[k].value is not None}, ranges,
+                 ints)
+    need = min_n_boot(FLAGS.ci_level)
+    if FLAGS.n_boot < need:
+        raise ConfigError("n_boot", f"must be >= {need} for {FLAGS.ci_level:g} intervals, got "
+                          f"{FLAGS.n_boot}", f"set --n_boot >= {need} (default 1000)")
+    if FLAGS.n_star is not None and FLAGS.target is not None:
+        raise ConfigError("n_star", "both --n_star and --target given", "pass one of them")
+    if not FLAGS.probe_run:
+        raise ConfigError("probe_run", "no probe run given", "pass --probe_run=RUN_DIR "
+                          "(a run at the reference batch)")
+    for p in FLAGS.probe_run:
+        if not os.path.isfile(os.path.join(p, "metrics.jsonl")):
+            raise ConfigError("probe_run", f"{p!r} has no metrics.jsonl", "pass a run "
+                              "directory written by jaxrl-train (config.json + metrics.jsonl)")
+    _numbers("batches", FLAGS.batches)
+    given = [n for n in THROUGHPUT_SOURCES if FLAGS[n].value]
+    if len(given) != 1:
+        raise ConfigError("timings_json", "no throughput source given" if not given else
+                          f"several throughput sources given ({', '.join(given)})",
+                          "pass exactly one of --timings_json, --time_batches, "
+                          "--step_times_from, --chip")
+    if FLAGS.timings_json and not os.path.isfile(FLAGS.timings_json):
+        raise ConfigError("timings_json", f"{FLAGS.timings_json!r} is not a file",
+                          "pass the JSON list a timing pass wrote")
+    if FLAGS.step_times_from and not os.path.isdir(FLAGS.step_times_from):
+        raise ConfigError("step_times_from", f"{FLAGS.step_times_from!r} is not a directory",
+                          "pass a sweep directory whose subdirectories are runs")
+    if FLAGS.time_batches:
+        _numbers("time_batches", FLAGS.time_batches, integer=True)
+    if FLAGS.chip:
+        from jaxrl_scale.bench import CHIPS
+        if FLAGS.chip not in CHIPS:
+            raise ConfigError("chip", f"unknown chip {FLAGS.chip!r}",
+                              f"pass one of {', '.join(sorted(CHIPS))}")
+        if not FLAGS.prompt_len:
+            raise ConfigError("prompt_len", "the roofline needs the prompt length",
+                              "pass --prompt_len=TOKENS")
+    if FLAGS.model:
+        from jaxrl_scale.models.config import PRESETS
+        if FLAGS.model not in PRESETS:
+            raise ConfigError("model", f"unknown preset {FLAGS.model!r}",
+                              f"pass one of {', '.join(sorted(PRESETS))}")
+    if FLAGS.compare and not os.path.isfile(FLAGS.compare):
+        raise ConfigError("compare", f"{FLAGS.compare!r} is not a file",
+                          "pass the summary.json experiments/analyze.py wrote")
+    json_out = FLAGS.json_out or os.path.join(FLAGS.out_dir, "plan.json")
+    if os.path.isdir(json_out):
+        raise ConfigError("json_out" if FLAGS.json_out else "out_dir", f"{json_out!r} is a "
+                          "directory", "pass a file path for the plan JSON")
+    parent = os.path.dirname(os.path.abspath(json_out))
+    while not os.path.exists(parent):     # the nearest existing ancestor is where it is made
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError("json_out" if FLAGS.json_out else "out_dir", f"cannot write under "
+                          f"{parent!r} (not a writable directory)", "choose a writable "
+                          "--out_dir (or --json_out)")
+
+
+def _timing_config(runs):
+    """The probe's TrainConfig for the timing pass, with the reward function the user passed:
+    a probe's config.json may come from anyone, and its reward_fn names code to run."""
+    from jaxrl_scale.experiment.config import ConfigError, TrainConfig, validate
+    named = runs[0].config.get("reward_fn") or ""
+    if named and FLAGS.reward_fn != named:
+        raise ConfigError("reward_fn", f"the probe's config.json names reward_fn {named!r}, "
+                          "which the timing pass would call; a run directory never chooses "
+                          "code that runs", f"pass --reward_fn={named} if you trust that "
+                          "function, or use --timings_json / --step_times_from")
+    try:
+        cfg = TrainConfig.from_json(runs[0].config).replace(reward_fn=FLAGS.reward_fn)
+        validate(cfg)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise ConfigError(e.field, f"{e.problem} (in the probe's config.json)", e.fix) \
+                from None
+        raise ConfigError("probe_run", f"its config.json is not a TrainConfig ({e})",
+                          "pass a run written by jaxrl-train, or use --timings_json") from None
+    G = cfg.group_size
+    for b in _numbers("time_batches", FLAGS.time_batches, integer=True):
+        if b % G:
+            raise ConfigError("time_batches", f"{b:g} is not a multiple of the probe's "
+                              f"group_size {G}", "pass batches B = P * G")
+    return cfg
+
+
+def _fit(runs, timing_cfg=None) -> dict:
     """The step-time fit from the one throughput source given (scaling.step_cost.fit_step_times
     on timing entries, or the roofline's fit), with "timings_source" saying which."""
     from jaxrl_scale.experiment.config import ConfigError
     from jaxrl_scale.scaling import planner
-    given = [n for n in ("timings_json", "time_batches", "step_times_from", "chip")
-             if FLAGS[n].value]
+    given = [n for n in THROUGHPUT_SOURCES if FLAGS[n].value]
     if len(given) != 1:
         raise ConfigError("timings_json", "no throughput source given" if not given else
                           f"several throughput sources given ({', '.join(given)})",
@@ -118,8 +236,7 @@ def _fit(runs) -> dict:
         except ImportError as e:
             raise ConfigError("time_batches", f"no timing pass in this checkout ({e})",
                               "pass --timings_json or --step_times_from") from None
-        from jaxrl_scale.experiment.config import TrainConfig
-        timings = time_batches(TrainConfig.from_json(runs[0].config), batches,
+        timings = time_batches(timing_cfg, batches,
                                warmup=FLAGS.timing_warmup, steps=FLAGS.timing_steps or 3)
         what = f"timing pass at {batches} on {runs[0].path}'s config"
     fit = step_cost.fit_step_times(timings, n_boot=FLAGS.n_boot, seed=FLAGS.seed)
@@ -198,8 +315,13 @@ def _ci(v, ci) -> str:
 def main(argv):
     del argv
     quiet_logging()
+    from jaxrl_scale.scaling.io import DataError
     with one_line_errors():
-        _plan()
+        try:
+            _plan()
+        except DataError as e:    # a probe's (or a sweep's) records are nonsense: bad input
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            sys.exit(2)
     return 0
 
 
@@ -207,11 +329,12 @@ def _plan() -> None:
     from jaxrl_scale.experiment.config import ConfigError
     from jaxrl_scale.scaling import planner
     try:
-        if not FLAGS.probe_run:
-            raise ConfigError("probe_run", "no probe run given", "pass --probe_run=RUN_DIR "
-                              "(a run at the reference batch)")
+        check_flags()
         runs = planner.read_runs(FLAGS.probe_run)
-        fit = _fit(runs)
+        # what the probe must carry, before the throughput source (a timing pass takes minutes)
+        planner.check_probe(runs, who=FLAGS.noise_of, n_star=FLAGS.n_star, target=FLAGS.target)
+        timing_cfg = _timing_config(runs) if FLAGS.time_batches else None
+        fit = _fit(runs, timing_cfg)
         result = planner.batch_plan(
             runs, fit, _numbers("batches", FLAGS.batches) or None, who=FLAGS.noise_of,
             n_star=FLAGS.n_star, target=FLAGS.target, half_width=FLAGS.window,

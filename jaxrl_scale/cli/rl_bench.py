@@ -33,9 +33,9 @@ import sys
 import tempfile
 import time
 
-from absl import app, flags
+from absl import flags
 
-from jaxrl_scale.cli import quiet_logging, run_main
+from jaxrl_scale.cli import one_line_errors, quiet_logging, run_main
 from jaxrl_scale.numbers import write_json
 
 FLAGS = flags.FLAGS
@@ -233,22 +233,37 @@ def _round_summary(rows: list[dict]) -> dict:
     return med
 
 
-def _check_flags(Ps: list[int]) -> None:
+def _check_flags() -> list[int]:
+    """One line and exit 2 (ConfigError) for a flag the bench cannot use, before any data,
+    model or timing; returns the P values."""
+    import jaxrl_scale.cli as c
+    from jaxrl_scale.data.builders import TASKS
+    from jaxrl_scale.experiment.config import ConfigError
+    c.check_flag_ranges({"group": (2, c.INF, False), "max_new_tokens": (1, c.INF, False),
+                         "steps": (1, c.INF, False), "discard": (0, c.INF, False),
+                         "rounds": (1, c.INF, False), "micro_batches": (1, c.INF, False),
+                         "lr": (0, c.INF, True), "seed": (0, c.INF, False)},
+                        ints=("group", "max_new_tokens", "steps", "discard", "rounds",
+                              "micro_batches", "seed"))
+    Ps = c.int_list_flag("prompts")
     if FLAGS.discard >= FLAGS.steps:
-        raise app.UsageError(f"--discard={FLAGS.discard} must be below --steps={FLAGS.steps}")
-    if FLAGS.rounds < 1 or any(p < 1 for p in Ps) or FLAGS.group < 1:
-        raise app.UsageError("--rounds, --prompts and --group must be positive")
-    if FLAGS.micro_batches < 1 or any(P % FLAGS.micro_batches for P in Ps):
-        raise app.UsageError(f"--micro_batches={FLAGS.micro_batches} must divide every P in "
-                             f"--prompts={','.join(map(str, Ps))} (micro-batches hold whole "
-                             "groups)")
+        raise ConfigError("discard", f"{FLAGS.discard} leaves none of --steps={FLAGS.steps}",
+                          "set --discard below --steps")
+    if any(P % FLAGS.micro_batches for P in Ps):
+        raise ConfigError("micro_batches", f"{FLAGS.micro_batches} does not divide every P in "
+                          f"--prompts={','.join(map(str, Ps))}", "micro-batches hold whole "
+                          "groups: pass a divisor of every P")
+    c.check_model_preset()
+    c.check_choice("task", FLAGS.task, TASKS)
+    c.check_json_out()
     if FLAGS.compare_trl:
         probe = subprocess.run([FLAGS.trl_python, "-c", "import trl, torch, transformers"],
                                capture_output=True, text=True)
         if probe.returncode:
-            raise app.UsageError("--compare_trl needs trl, torch and transformers in "
-                                 f"{FLAGS.trl_python}: pip install -e '.[bench]' (or point "
-                                 "--trl_python at a Python that has them)")
+            raise ConfigError("compare_trl", f"needs trl, torch and transformers in "
+                              f"{FLAGS.trl_python}", "pip install -e '.[bench]' (or point "
+                              "--trl_python at a Python that has them)")
+    return Ps
 
 
 def main(argv):
@@ -256,8 +271,8 @@ def main(argv):
     quiet_logging()   # TFDS logs every dataset load at INFO
     if FLAGS.trl_round:
         return _trl_round_main(FLAGS.trl_round)
-    Ps = [int(p) for p in FLAGS.prompts]
-    _check_flags(Ps)
+    with one_line_errors():
+        Ps = _check_flags()
     import jax
     with tempfile.TemporaryDirectory() as work:
         shared = _prepare(work, max(Ps))

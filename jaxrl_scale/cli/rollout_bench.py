@@ -36,7 +36,7 @@ import time
 
 from absl import flags
 
-from jaxrl_scale.cli import quiet_logging, run_main
+from jaxrl_scale.cli import INF, one_line_errors, quiet_logging, run_main
 from jaxrl_scale.numbers import write_json
 
 FLAGS = flags.FLAGS
@@ -204,13 +204,40 @@ def _print(setting: str, rounds: dict) -> dict:
     return summary
 
 
+SETTINGS = ("rl_cpu", "small", "engine_vs_generate")
+
+
+def check_flags() -> None:
+    """One line and exit 2 for a flag the bench cannot use, before any model or timing."""
+    import jaxrl_scale.cli as c
+    from jaxrl_scale.experiment.config import ConfigError
+    ints = ("ratio", "rounds", "prompts", "group", "steps", "discard", "small_prompts",
+            "small_group", "small_updates", "small_max_new", "seed")
+    c.check_flag_ranges({"ratio": (2, INF, False), "rounds": (1, INF, False),
+                         "prompts": (1, INF, False), "group": (2, INF, False),
+                         "steps": (1, INF, False), "discard": (0, INF, False),
+                         "small_prompts": (1, INF, False), "small_group": (2, INF, False),
+                         "small_updates": (1, INF, False), "small_max_new": (1, INF, False),
+                         "small_median": (0, INF, True), "seed": (0, INF, False)},
+                        ints=ints)
+    if not FLAGS.settings:
+        raise ConfigError("settings", "none given", f"pass some of {','.join(SETTINGS)}")
+    for s in FLAGS.settings:
+        c.check_choice("settings", s, SETTINGS)
+    if FLAGS.discard >= FLAGS.steps:
+        raise ConfigError("discard", f"{FLAGS.discard} leaves none of --steps={FLAGS.steps}",
+                          "set --discard below --steps")
+    if FLAGS.init_checkpoint and not os.path.exists(os.path.expanduser(FLAGS.init_checkpoint)):
+        raise ConfigError("init_checkpoint", f"{FLAGS.init_checkpoint!r} does not exist",
+                          "point it at orbax params (e.g. the SFT warm-start) or leave it empty")
+    c.check_json_out()
+
+
 def main(argv):
     del argv
     quiet_logging()
-    bad = set(FLAGS.settings) - {"rl_cpu", "small", "engine_vs_generate"}
-    if bad or FLAGS.ratio < 2 or FLAGS.rounds < 1 or FLAGS.discard >= FLAGS.steps:
-        raise SystemExit("error: --settings must be rl_cpu/small/engine_vs_generate, --ratio >= 2, --rounds >= 1, "
-                         "--discard < --steps.")
+    with one_line_errors():
+        check_flags()
     results = {"host": platform.node(), "argv": " ".join(os.sys.argv), "settings": {}}
     for setting in FLAGS.settings:
         if setting == "engine_vs_generate":

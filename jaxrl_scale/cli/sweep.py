@@ -31,8 +31,10 @@ from absl import flags
 from jaxrl_scale.cli import flagdefs, one_line_errors, print_summary, quiet_logging, run_main
 from jaxrl_scale.experiment.config import TrainConfig
 from jaxrl_scale.experiment.sft import SFTConfig, sft_config_for, sft_path, sft_warmstart
-from jaxrl_scale.experiment.sweep import (STUDIES, SweepConfig, all_runs, check_run_index,
-                                          run_one, run_sweep, study_config, validate_sweep)
+from jaxrl_scale.experiment.sweep import (EXIT_RUNS_FAILED, STUDIES, SweepConfig, all_runs,
+                                          check_run_index, run_one, run_sweep, study_config,
+                                          validate_sweep)
+from jaxrl_scale.experiment.sweep import exit_status as sweep_exit_status
 
 SWEEP_HELP = {
     "sweep_dir": "where the runs and the report go", "algos": "grpo and/or ppo",
@@ -118,7 +120,7 @@ def main(argv):
         res = run_one(sweep, base, FLAGS.run_index)
         if res["error"]:
             print(f"run {res['run']} failed: {res['error']}", file=sys.stderr)
-            return 1
+            return EXIT_RUNS_FAILED
         print(f"run {FLAGS.run_index} ({res['run']}): "
               f"{'already finished' if res['skipped'] else 'finished'}; once every index has "
               f"run: jaxrl-analyze --sweep_dir={sweep.sweep_dir} --target={sweep.target}")
@@ -127,9 +129,17 @@ def main(argv):
     if "analysis_error" in summary:
         print(f"analysis failed: {summary['analysis_error']}\nThe runs are in {sweep.sweep_dir}; "
               "rerun experiments/analyze.py once the problem is fixed.", file=sys.stderr)
-        return 1
-    print_summary(summary)
-    return 0
+    else:
+        print_summary(summary)
+    return exit_status(summary)
+
+
+def exit_status(summary: dict) -> int:
+    """experiment.sweep.exit_status, its line (if any) on stderr."""
+    code, line = sweep_exit_status(summary)
+    if line:
+        print(line, file=sys.stderr)
+    return code
 
 
 def run():

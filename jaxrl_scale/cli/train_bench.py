@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_scale.cli import run_main
+from jaxrl_scale.cli import INF, one_line_errors, run_main
 from jaxrl_scale import bench, optim
 from jaxrl_scale.models import get_config, init_params
 from jaxrl_scale.rl import steps
@@ -107,8 +107,36 @@ def time_updates(cfg, params, batch, micro_batches: int) -> float:
     return bench.median_time(one_update, repeats=FLAGS.repeats, warmup=1)
 
 
+def check_flags() -> None:
+    """One line and exit 2 for a flag the bench cannot use, before any model or timing."""
+    import jaxrl_scale.cli as c
+    from jaxrl_scale.experiment.config import ConfigError
+    c.check_flag_ranges({"batch": (1, INF, False), "seq_len": (2, INF, False),
+                         "group_size": (1, INF, False), "prompt_len": (1, INF, False),
+                         "repeats": (1, INF, False), "matmul_n": (1, INF, False),
+                         "seed": (0, INF, False)},
+                        ints=("batch", "seq_len", "group_size", "prompt_len", "repeats",
+                              "matmul_n", "seed"))
+    if FLAGS.prompt_len >= FLAGS.seq_len:
+        raise ConfigError("prompt_len", f"{FLAGS.prompt_len} leaves no response token in "
+                          f"--seq_len={FLAGS.seq_len}", "set --prompt_len < --seq_len")
+    if FLAGS.batch % FLAGS.group_size:
+        raise ConfigError("group_size", f"{FLAGS.group_size} does not divide --batch="
+                          f"{FLAGS.batch}", "pass a batch of whole groups (B = P * G)")
+    for m in c.int_list_flag("micro_batches"):
+        if FLAGS.batch % m or (FLAGS.batch // m) % FLAGS.group_size:
+            raise ConfigError("micro_batches", f"{m} does not split --batch={FLAGS.batch} "
+                              f"into whole groups of {FLAGS.group_size}", "pass divisors of "
+                              "the number of groups")
+    c.check_choice("dtype", FLAGS.dtype, ("float32", "bfloat16", "float16"))
+    c.check_model_preset()
+    c.check_json_out()
+
+
 def main(argv):
     del argv
+    with one_line_errors():
+        check_flags()
     cfg = get_config(FLAGS.model, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype)
     params = jax.jit(lambda: init_params(cfg, FLAGS.seed))()
     B, T = FLAGS.batch, FLAGS.seq_len

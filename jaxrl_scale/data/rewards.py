@@ -15,12 +15,19 @@ import collections
 import concurrent.futures
 import functools
 import importlib
+import importlib.util
+import inspect
 import logging
 import math
 import multiprocessing
 import multiprocessing.connection
+import numbers
+import os
 import queue
 import re
+import site
+import sys
+import sysconfig
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -254,11 +261,36 @@ class _ProcessWorker:
 # ---------------------------------------------------------------------------------------------
 
 
+# Rewards are stored as float32 (score_batch), so a reward is a real number float32 can hold:
+# beyond MAX_ABS_REWARD it would become inf on the cast, and the advantages (rl/losses.py,
+# which rescale each group by a power of two) handle every finite float32 scale. A smaller cap
+# (1e6, say) would be a guess about the user's scale, not a property of the arithmetic.
+MAX_ABS_REWARD = float(np.finfo(np.float32).max)
+
+
+def reward_problem(v: Any) -> str | None:
+    """Why `v` is not a reward (None if it is one): a reward is a bool or a real number
+    (int, float, numpy scalar, Fraction) with |v| <= MAX_ABS_REWARD. Strings are refused even
+    when they read as numbers ("1.0"): a reward function that returns text has a bug."""
+    if not isinstance(v, (bool, np.bool_, numbers.Real)):
+        return f"returned {type(v).__name__} {v!r:.40}, not a real number"
+    try:
+        f = float(v)
+    except (OverflowError, ValueError, TypeError) as e:   # e.g. int(10**400)
+        return f"returned {v!r:.40}, not representable as a float ({e})"
+    if not math.isfinite(f):
+        return f"returned a non-finite value {f}"
+    if abs(f) > MAX_ABS_REWARD:
+        return f"returned {f:g}, beyond the float32 range (|reward| <= {MAX_ABS_REWARD:.4g})"
+    return None
+
+
 class RewardFn:
     """Scores responses with `fn(response, example) -> float`; never raises for a bad response.
 
-    An exception, a non-finite value, or a call longer than `timeout_s` gives reward 0 and
-    increments `failures` (and `timeouts`). `isolation`: "thread" runs each call on a daemon
+    An exception, a value that is not a finite real number (`reward_problem`: a string such
+    as "1.0", None, NaN, inf, |r| beyond float32), or a call longer than `timeout_s` gives
+    reward 0 and increments `failures` (and `timeouts`). `isolation`: "thread" runs each call on a daemon
     worker thread (works off the main thread; a call that times out is abandoned, so it may
     keep a CPU busy), "process" runs calls on `num_workers` spawned processes that are killed
     on timeout (`fn` must be picklable: a module-level function). Without `timeout_s` calls run
@@ -309,13 +341,10 @@ class RewardFn:
         return 0.0
 
     def _value(self, v: Any) -> float:
-        try:
-            f = float(v)
-        except Exception as e:  # noqa: BLE001
-            return self._fail(f"returned {type(v).__name__}, not a number: {e}")
-        if not math.isfinite(f):
-            return self._fail(f"returned a non-finite value {f}")
-        return f
+        problem = reward_problem(v)
+        if problem is not None:
+            return self._fail(problem)
+        return float(v)
 
     def metrics(self) -> dict[str, int]:
         return {"calls": self.calls, "failures": self.failures, "timeouts": self.timeouts}
@@ -458,23 +487,101 @@ REWARDS: dict[str, Callable[[str, dict[str, Any]], float]] = {
     "countdown": countdown_reward,
     "math_jsonl": math_verify_reward,
 }
+# Tasks whose reward needs the answer's own text in the response (exact match), so a response
+# must have room for every answer's tokens (experiment/common.check_answer_room). Countdown
+# answers with an expression and math-verify accepts equivalent forms ("0.5" for "1/2"):
+# their answers' lengths bound nothing.
+ANSWER_IN_RESPONSE = frozenset({"arithmetic"})
+
+
+# Reward functions are named code: `--reward_fn` (and a config.json that holds one) picks a
+# function the run calls on the model's text. Only the library's own rewards and functions
+# defined in the user's own modules qualify; the standard library (builtins:exec, os:system,
+# subprocess:run, pickle:loads, ...) and installed packages (site-packages: a function there
+# may read, write or unpickle whatever path the response names) are refused before anything
+# is imported, and the function must be a plain Python function defined in such a module.
+_OWN_REWARDS = {f"{fn.__module__}:{fn.__name__}" for fn in REWARDS.values()}
+
+
+def _installed_roots() -> list[str]:
+    """Directories of the standard library and of installed packages (site-packages)."""
+    paths = sysconfig.get_paths()
+    roots = [paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+    try:
+        roots += site.getsitepackages() + [site.getusersitepackages()]
+    except AttributeError:   # a virtualenv's old site.py
+        pass
+    return sorted({os.path.realpath(r) for r in roots if r})
+
+
+def _under(path: str, roots: Sequence[str]) -> bool:
+    path = os.path.realpath(path)
+    return any(path == r or path.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+
+
+def _check_user_module(module_name: str, spec: str) -> None:
+    """ValueError unless the top-level package of `module_name` is the user's own code: not
+    built in, not the standard library, not in site-packages, not jaxrl_scale itself (whose
+    only rewards are _OWN_REWARDS). Looked up without importing (an import runs code)."""
+    top = module_name.split(".", 1)[0]
+    fix_hint = "define score(response, example) in your own module"
+    if top in sys.builtin_module_names or top in getattr(sys, "stdlib_module_names", ()):
+        raise ValueError(f"{spec!r} names the standard-library module {top!r}; a reward "
+                         f"function must be your own code ({fix_hint})")
+    if top == "jaxrl_scale":
+        raise ValueError(f"{spec!r} is not one of the library's rewards "
+                         f"{sorted(_OWN_REWARDS)}")
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError) as e:
+        raise ValueError(f"cannot import {top!r} ({type(e).__name__}: {e})") from None
+    if found is None:
+        raise ValueError(f"cannot import {module_name!r} (no module {top!r} on the working "
+                         "directory or PYTHONPATH)")
+    where = [found.origin] if found.has_location and found.origin else \
+        list(found.submodule_search_locations or [])
+    if not where:
+        raise ValueError(f"{spec!r} names {top!r}, which has no source file (built in or "
+                         f"frozen); a reward function must be your own code ({fix_hint})")
+    roots = _installed_roots()
+    if any(_under(w, roots) for w in where):
+        raise ValueError(f"{spec!r} names {top!r}, installed in {os.path.dirname(where[0])} "
+                         "(the standard library or site-packages); reward functions come "
+                         f"from your own modules only ({fix_hint}, which may call it)")
 
 
 def load_reward_fn(spec: str) -> Callable[[str, dict[str, Any]], float]:
-    """The user function named by "package.module:function" (importable from sys.path, e.g.
-    the working directory): `fn(response: str, example: dict) -> float`, where `example` is
-    the task row the prompt came from ("prompt", "answer", ... ). ValueError, naming what is
-    wrong, for a malformed spec, a module that does not import or a missing function."""
+    """The user function named by "package.module:function": `fn(response: str, example:
+    dict) -> float`, where `example` is the task row the prompt came from ("prompt",
+    "answer", ...). The module is the user's own, found on the working directory (added to
+    sys.path here, so the installed commands find it as `python` would) or PYTHONPATH, or a
+    reward of this library (e.g. jaxrl_scale.data.rewards:exact_match); see the note above
+    _OWN_REWARDS for what is refused. ValueError, naming what is wrong, for a malformed or
+    refused spec, a module that does not import or a missing function."""
     module_name, sep, attr = spec.partition(":")
     if not (sep and module_name and attr):
         raise ValueError(f"{spec!r} is not of the form 'package.module:function'")
+    if not attr.isidentifier():
+        raise ValueError(f"{attr!r} is not a function name (one identifier, no dots)")
+    if spec not in _OWN_REWARDS:
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.append(os.getcwd())   # last: the cwd never shadows an installed module
+        _check_user_module(module_name, spec)
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 - the user's module: any import error is theirs
         raise ValueError(f"cannot import {module_name!r} ({type(e).__name__}: {e})") from None
     fn = getattr(module, attr, None)
-    if not callable(fn):
+    if fn is None:
         raise ValueError(f"{module_name!r} has no function {attr!r}")
+    if not inspect.isfunction(fn):
+        raise ValueError(f"{spec!r} is a {type(fn).__name__}, not a function defined with def "
+                         "in your module")
+    defined_in = getattr(fn, "__module__", None) or ""
+    if spec not in _OWN_REWARDS and f"{defined_in}:{fn.__name__}" not in _OWN_REWARDS and \
+            defined_in.split(".", 1)[0] != module_name.split(".", 1)[0]:
+        # imported into the module (`from x import f`): the code that runs is x's
+        _check_user_module(defined_in, f"{spec} (defined in {defined_in})")
     return fn
 
 

@@ -9,6 +9,7 @@ from typing import Sequence
 
 from jaxrl_scale import report
 from jaxrl_scale.scaling import analysis, readers
+from jaxrl_scale.scaling import io as sio
 from jaxrl_scale.scaling.io import read_csv_run
 
 
@@ -16,19 +17,24 @@ def analyze_and_report(sweep_dir: str | None, target, reference: str | None = No
                        tolerance: float = 0.25, fit_sigmoid: bool = False, *,
                        csv: Sequence[str] = (), columns: str | None = None,
                        out: str | None = None, fmt: str = "auto",
-                       overrides: dict | None = None, **kwargs) -> dict:
+                       overrides: dict | None = None,
+                       score_range: tuple[float, float] | str | None = "auto",
+                       **kwargs) -> dict:
     """summary.json + report.md (+ figures) of a sweep into ``out`` (default: the sweep dir,
     else the first CSV's directory). CSV runs (``csv`` paths read with the ``columns`` map)
     join the sweep; ``kwargs`` go to `analysis.analyze`. ``fmt`` (`readers.FORMATS`: auto,
     jaxrl, trl, verl, openrlhf, ...) selects the reader of the sweep's runs
     (`scaling.readers`), ``overrides`` supply what their logs lack (responses_per_step,
     world_size, score_key, tag_map, ...); ReaderError for a sweep mixing frameworks or tasks,
-    or a run whose batch is unknown. Returns summary.json's dict plus "summary_path" and
+    or a run whose batch is unknown. DataError for an eval score outside ``score_range``
+    (`scaling.io.check_scores`: "auto" holds jaxrl's accuracies to [0, 1]). Returns
+    summary.json's dict plus "summary_path" and
     "report_path"."""
     extra = [read_csv_run(c, columns) for c in csv]
     target = analysis.parse_target(target)
     runs, skipped = _load(sweep_dir, extra, fmt, overrides or {})
     readers.check_one_task(runs, sweep_dir)   # --format=jaxrl and --csv runs too
+    sio.check_scores(runs, score_range)
     summary = analysis.analyze(runs, target, reference, tolerance, fit_sigmoid,
                                skipped=skipped, sweep_dir=sweep_dir, **kwargs)
     out = out or sweep_dir or os.path.dirname(os.path.abspath(csv[0]))

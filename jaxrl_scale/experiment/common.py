@@ -44,3 +44,21 @@ def prompt_length(tokenizer, sources, max_prompt_len: int, context: int, field: 
             f"{max_prompt_len}. Fix: raise --max_prompt_len (or 0 for automatic); "
             f"the model context is {context} tokens.")
     return max_prompt_len
+
+
+def check_answer_room(tokenizer, sources, max_new_tokens: int) -> None:
+    """ConfigError naming max_new_tokens when a response of `max_new_tokens` tokens cannot hold
+    some example's answer (its token count under `tokenizer`): for a reward that compares the
+    response's text with the answer (exact match), such an example scores 0 whatever the
+    policy does, and a run where no answer fits trains on reward 0 to the end."""
+    from jaxrl_scale.experiment.config import ConfigError
+    longest, where = 0, None
+    for name, src in sources:
+        for i in range(len(src)):
+            n = len(tokenizer.encode(str(src[i]["answer"])))
+            if n > longest:
+                longest, where = n, (name, i, src[i]["answer"])
+    if longest > max_new_tokens:
+        raise ConfigError("max_new_tokens", f"{max_new_tokens} token(s) cannot hold the task's "
+                          f"answers: {where[0]} example {where[1]}'s answer {where[2]!r} is "
+                          f"{longest} tokens", f"set --max_new_tokens >= {longest}")

@@ -628,8 +628,9 @@ def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
         err = write_timing_pass(sweep, runs, progress)
         if err:
             errors["_timing"] = err
-    write_json(os.path.join(sweep.sweep_dir, "sweep_status.json"),
-               {"errors": errors, "wall_s_this_call": timings,
+    write_json(os.path.join(sweep.sweep_dir, STATUS_FILE),
+               {**sweep_status(errors, len(tune) + len(runs)), "errors": errors,
+                "wall_s_this_call": timings,
                 "total_wall_s_this_call": time.time() - t_start}, indent=2)
     if not analyse:
         return {"errors": errors}
@@ -640,6 +641,51 @@ def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
         summary = analyze_and_report(sweep.sweep_dir, target=sweep.target)
     except (AnalysisError, DataError) as e:  # the runs are safe on disk; say why there is no report
         return {"errors": errors, "analysis_error": str(e)}
+    if errors:
+        mark_lost_runs(summary["report_path"], errors)
     summary["errors"] = errors
     summary["lr_tune"] = lrs
     return summary
+
+
+STATUS_FILE = "sweep_status.json"
+EXIT_RUNS_FAILED = 3   # the sweep ran but lost runs: its analysis is incomplete
+
+
+def exit_status(summary: dict) -> tuple[int, str | None]:
+    """(exit status, last stderr line) of a sweep command after `run_sweep`: EXIT_RUNS_FAILED
+    when any run (or the timing pass) failed, whatever the analysis made of the rest; 1 when
+    only the analysis failed; else 0."""
+    errors = summary.get("errors") or {}
+    if errors:
+        return EXIT_RUNS_FAILED, (
+            f"error: sweep: {len(errors)} run(s) failed ({', '.join(sorted(errors))}); the "
+            f"analysis is incomplete. Fix: see {STATUS_FILE} and each run's ERROR.txt, then "
+            "rerun the same command (finished runs are skipped).")
+    return (1 if "analysis_error" in summary else 0), None
+
+
+def sweep_status(errors: dict[str, str], n_runs: int) -> dict[str, Any]:
+    """sweep_status.json's verdict on this call: "complete", or "runs_failed" with the lost
+    runs named (a run that raised, e.g. on a corrupt line of its metrics.jsonl, has no
+    DONE.json, so the analysis sees at most its partial curve)."""
+    lost = sorted(k for k in errors if not k.startswith("_"))
+    return {"status": "runs_failed" if errors else "complete", "runs": n_runs,
+            "failed_runs": lost, "failed_steps": sorted(k for k in errors if k.startswith("_"))}
+
+
+def lost_runs_line(errors: dict[str, str]) -> str:
+    """The report's first line when runs failed: how many, which, and where the reasons are."""
+    names = sorted(errors)
+    return (f"**Incomplete sweep: {len(names)} run(s) or step(s) failed** ({', '.join(names)}): "
+            f"the analysis below is missing them or their later evals. Reasons in "
+            f"{STATUS_FILE} and each run's ERROR.txt; rerun the sweep to retry them.")
+
+
+def mark_lost_runs(report_path: str, errors: dict[str, str]) -> None:
+    """Put `lost_runs_line` first in report.md (rewritten atomically)."""
+    with open(report_path) as f:
+        text = f.read()
+    with open(report_path + ".tmp", "w") as f:
+        f.write(lost_runs_line(errors) + "\n\n" + text)
+    os.replace(report_path + ".tmp", report_path)

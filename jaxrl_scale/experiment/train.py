@@ -41,6 +41,7 @@ from jaxrl_scale.checkpoint import Checkpointer, load_pytree
 from jaxrl_scale.experiment.common import load_splits, prompt_length, write_json
 from jaxrl_scale.experiment.config import (TrainConfig, check_resume, validate,
                                            validate_for_devices, write_config)
+from jaxrl_scale.experiment.config import ConfigError
 from jaxrl_scale.experiment.metrics import MetricsLog
 from jaxrl_scale.experiment.writers import close_all, make_writers, write_all
 from jaxrl_scale.models import get_config, init_params, load_hf
@@ -127,6 +128,11 @@ class Run:
                                    cfg.seed)
         self.reward_fn = user_reward(cfg.reward_fn, timeout_s=cfg.reward_timeout_s or None) \
             if cfg.reward_fn else reward_for_task(cfg.task)
+        from jaxrl_scale.data.rewards import ANSWER_IN_RESPONSE
+        from jaxrl_scale.experiment.common import check_answer_room
+        if not cfg.reward_fn and cfg.task in ANSWER_IN_RESPONSE:   # before the model loads
+            check_answer_room(self.tok, [("train", self.train_src), ("test", self.test_src)],
+                              cfg.max_new_tokens)
         self.model_cfg, params = _model(cfg, self.tok, self.mesh)
         self.prompt_len = prompt_length(
             self.tok, [("train", self.train_src), ("test", self.test_src)], cfg.max_prompt_len,
@@ -402,6 +408,30 @@ def initial_eval(run: "Run", loop: LoopState, cache_dir: str | None = None
     return loop, ev
 
 
+# A run stops when this many updates in a row were all skipped as non-finite (optim's
+# skip_nonfinite_updates): a skipped update leaves the params as they were, so a transient
+# overflow costs one step and the next, on new prompts, usually goes through; five in a row
+# is a run that cannot move (an infinite lr, an overflowing loss) and must not report
+# "finished" after training on nothing. A run with 1% of its steps skipped at random trips
+# this with probability 1e-10 per step.
+NONFINITE_STREAK = 5
+
+
+class NonfiniteUpdatesError(ConfigError):
+    """The run's last NONFINITE_STREAK updates were all skipped as non-finite (one line, like
+    a bad input: the usual cause is an lr or reward scale the update cannot take)."""
+
+
+def skipped_streak(streak: int, count_before: float, rec: dict) -> tuple[int, float]:
+    """(consecutive skipped updates, actor_nonfinite_count) after the step whose record is
+    `rec`: the cumulative count grew = this update was skipped; a step without an update (all
+    groups filtered) neither extends nor breaks the streak."""
+    count = rec.get("actor_nonfinite_count")
+    if count is None:
+        return streak, count_before
+    return (streak + 1 if count > count_before else 0), count
+
+
 def run_training(cfg: TrainConfig, *, progress: bool = True,
                  stop_after_steps: int | None = None,
                  eval0_cache: str | None = None) -> dict[str, Any]:
@@ -473,7 +503,8 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
                disable=not (progress and primary),
                desc=os.path.basename(os.path.normpath(cfg.run_dir)),
                unit="resp" if by_responses else "step", leave=False)
-    last_score, steps_this_call = None, 0
+    last_score, steps_this_call, diverged = None, 0, None
+    streak, skips = 0, int(jax.device_get(optim.nonfinite_count(loop.states[0].opt_state)))
     while not finished(loop):
         if stop_after_steps is not None and steps_this_call >= stop_after_steps:
             break
@@ -495,11 +526,23 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
         if step % cfg.checkpoint_every == 0:
             save(loop)
         steps_this_call += 1
+        streak, skips = skipped_streak(streak, skips, rec)
+        if streak >= NONFINITE_STREAK:
+            diverged = NonfiniteUpdatesError(
+                "base_lr", f"the last {streak} updates (steps {step - streak + 1}..{step}) "
+                f"were all skipped as non-finite ({skips:g} skipped in all): this run cannot "
+                "learn", "lower --base_lr or set --max_grad_norm, and check the rewards' scale; "
+                f"rerun to resume from the last checkpoint ({cfg.run_dir})")
+            break
         bar.update(rec["retained"] if by_responses else 1)
         resp_s = loop.responses / max(loop.time_s, 1e-9)
         bar.set_postfix(resp_s=f"{resp_s:.0f}", reward=f"{rec['reward_mean']:.3f}",
                         score="-" if last_score is None else f"{last_score:.3f}")
     bar.close()
+    if diverged is not None:
+        ckpt.close()
+        close_all(writers)
+        raise diverged
     done = finished(loop)
     if done:
         if ckpt.latest_step() != loop.step:

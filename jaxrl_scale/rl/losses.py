@@ -37,6 +37,15 @@ def _masked_mean(x_BT: Array, mask_BT: Array) -> Array:
 # ----------------------------------------------------------------------------- advantages
 
 
+def _pow2_exponent(x: Array) -> Array:
+    """k >= 0 with 2^k the smallest power of two >= max(x, 1), elementwise (x >= 0, finite),
+    at most 126: 2^-126 is float32's smallest normal number, so 2^-k is never flushed to zero
+    (XLA on CPU flushes subnormals), and with k = 126 every finite x / 2^k is <= 4."""
+    mant, exp = jnp.frexp(jnp.maximum(x, 1.0))      # x = mant * 2^exp, mant in [0.5, 1)
+    exp = jnp.where(mant == 0.5, exp - 1, exp)       # x already a power of two
+    return jnp.minimum(exp, 126)
+
+
 def group_advantages(rewards_N: Array, group_size: int, *, estimator: str = "grpo",
                      eps: float = 1e-6) -> Array:
     """Outcome advantages shared within each prompt's group of G responses.
@@ -66,15 +75,23 @@ def group_advantages(rewards_N: Array, group_size: int, *, estimator: str = "grp
     n = rewards_N.shape[0]
 
     r_PG = _f32(rewards_N).reshape(n // group_size, group_size)
-    mean_P1 = jnp.mean(r_PG, axis=1, keepdims=True)
-    centered_PG = r_PG - mean_P1
+    # Each group is multiplied by 1/s, s a power of two >= max|r| (s = 1 when every |r| <= 1, the
+    # usual 0/1 rewards: bit-identical to no scaling): the sum in the mean and the squares in
+    # the std then stay far below the float32 limit for any finite reward (|r| up to 3.4e38;
+    # r^2 would overflow from 1.8e19). Scaling by 2^-k is exact, and the formulas are
+    # unchanged: (r - mean) / (std + eps) = (r/s - mean/s) / (std/s + eps/s).
+    k_P1 = _pow2_exponent(jnp.max(jnp.abs(r_PG), axis=1, keepdims=True))
+    one_P1 = jnp.ones_like(r_PG[:, :1])
+    scale_P1, inv_P1 = jnp.ldexp(one_P1, k_P1), jnp.ldexp(one_P1, -k_P1)   # s, 1/s: exact
+    x_PG = r_PG * inv_P1
+    centered_PG = x_PG - jnp.mean(x_PG, axis=1, keepdims=True)     # (r - mean) / s
     if estimator == "grpo":
-        std_P1 = jnp.std(r_PG, axis=1, keepdims=True, ddof=1)
-        adv_PG = centered_PG / (std_P1 + eps)
+        std_P1 = jnp.std(x_PG, axis=1, keepdims=True, ddof=1)      # std / s
+        adv_PG = centered_PG / (std_P1 + eps * inv_P1)
     elif estimator == "drgrpo":
-        adv_PG = centered_PG
+        adv_PG = centered_PG * scale_P1
     else:
-        adv_PG = centered_PG * (group_size / (group_size - 1))
+        adv_PG = centered_PG * (group_size / (group_size - 1)) * scale_P1
     constant_P1 = jnp.max(r_PG, axis=1, keepdims=True) == jnp.min(r_PG, axis=1, keepdims=True)
     adv_PG = jnp.where(constant_P1, 0.0, adv_PG)
     return adv_PG.reshape(n)

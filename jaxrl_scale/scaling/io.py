@@ -14,7 +14,7 @@ import json
 import math
 import os
 import re
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -51,6 +51,7 @@ class Run:
     seed: int | None = None
     group: str = ""
     warnings: list[str] = dataclasses.field(default_factory=list)
+    score_is_accuracy: bool = False   # a jaxrl metrics.jsonl: the score is a fraction in [0, 1]
 
     def eval_curve(self) -> tuple[np.ndarray, np.ndarray]:
         """(responses, scores) of the eval records, sorted by responses."""
@@ -215,6 +216,38 @@ def check_records(records: list[dict], where: str) -> list[str]:
     return warnings
 
 
+SCORE_RANGE = (0.0, 1.0)   # a jaxrl eval score: the fraction of samples with reward > 0
+
+
+def check_scores(runs: Sequence["Run"], score_range: tuple[float, float] | str | None = "auto"
+                 ) -> None:
+    """DataError for the first eval score outside `score_range`: (lo, hi) for every run; None
+    for any finite score (a reward on another scale); "auto": SCORE_RANGE for the runs whose
+    score is an accuracy (jaxrl's metrics.jsonl, `score_is_accuracy`), nothing for the others
+    (TRL's eval_reward, verl's val-core means, CSV columns are on their task's own scale). An
+    accuracy of 1.5 or -0.2 is no accuracy: a corrupt record or a reward logged as the score,
+    which N* would read silently."""
+    if score_range is None:
+        return
+    for run in runs:
+        if score_range == "auto":
+            if not run.score_is_accuracy:
+                continue
+            lo, hi = SCORE_RANGE
+        else:
+            lo, hi = score_range
+        for r in run.evals:
+            v = r.get("score")
+            if is_number(v) and not lo <= v <= hi:
+                where = os.path.join(run.path, METRICS_FILE) if run.score_is_accuracy and \
+                    run.path else (run.path or run.name)
+                raise DataError("score", where, r.get("step", "?"),
+                                f"is {v:g}, outside [{lo:g}, {hi:g}]" +
+                                (" (this score is an accuracy)" if run.score_is_accuracy else ""),
+                                "pass --score_range=any (or LO,HI) if the score is a reward on "
+                                "another scale, or fix the score key / the record")
+
+
 def make_run(name: str, records: Iterable[dict], config: dict | None = None,
              path: str | None = None, source: str | None = None) -> Run:
     """Split records into training and eval, fill eval ``responses`` from ``step`` if needed,
@@ -287,9 +320,15 @@ def _with_ratio(group: str, k: float) -> str:
 def read_jsonl(path: str) -> tuple[list[dict], int]:
     """Records (JSON objects) of a JSONL file and the number of other lines (e.g. a half-written
     tail)."""
-    records, bad = [], 0
+    records, _, bad = read_jsonl_lines(path)
+    return records, bad
+
+
+def read_jsonl_lines(path: str) -> tuple[list[dict], list[int], int]:
+    """`read_jsonl` plus each record's 1-based line number in the file."""
+    records, lines, bad = [], [], 0
     with open(path) as f:
-        for line in f:
+        for i, line in enumerate(f, 1):
             line = line.strip()
             if not line:
                 continue
@@ -300,9 +339,35 @@ def read_jsonl(path: str) -> tuple[list[dict], int]:
                 continue
             if isinstance(rec, dict):
                 records.append(rec)
+                lines.append(i)
             else:   # valid JSON but not a record (a list, a number): counted, not dropped silently
                 bad += 1
-    return records, bad
+    return records, lines, bad
+
+
+def check_step_order(records: list[dict], lines: Sequence[int], where: str) -> None:
+    """DataError where a record's step does not increase over the previous record of its kind
+    (training records and eval records each in file order). One training loop writes steps
+    1, 2, 3, ... and a resume first cuts the file back to its checkpoint, so a repeated or
+    smaller step means two trainings wrote into one run directory (0,1,2,2,3,0,...) or logs
+    were concatenated: the interleaved curves would be read as one run."""
+    last: dict[bool, tuple[float, int]] = {}
+    for r, line in zip(records, lines):
+        step = r.get("step")
+        if not is_number(step):
+            continue
+        kind = "score" in r
+        if kind in last and step <= last[kind][0]:
+            prev, prev_line = last[kind]
+            what = "eval" if kind else "training"
+            raise DataError("step", f"{where} line {line}", step,
+                            (f"repeats the {what} record of line {prev_line}" if step == prev
+                             else f"goes back from {what} step {prev:g} at line {prev_line}") +
+                            " (two trainings wrote into one run directory, or logs were "
+                            "concatenated)",
+                            "give each training its own --run_dir; split or trim this file "
+                            "to one training's records")
+        last[kind] = (step, line)
 
 
 def read_run(run_dir: str, name: str | None = None) -> Run:
@@ -310,7 +375,8 @@ def read_run(run_dir: str, name: str | None = None) -> Run:
     mpath = os.path.join(run_dir, METRICS_FILE)
     if not os.path.isfile(mpath):
         raise FileNotFoundError(f"{run_dir}: no {METRICS_FILE}")
-    records, bad = read_jsonl(mpath)
+    records, lines, bad = read_jsonl_lines(mpath)
+    check_step_order(records, lines, mpath)
     config = {}
     cpath = os.path.join(run_dir, CONFIG_FILE)
     if os.path.isfile(cpath):
@@ -318,6 +384,7 @@ def read_run(run_dir: str, name: str | None = None) -> Run:
             config = json.load(f)
     name = name or os.path.basename(os.path.normpath(run_dir))
     run = make_run(name, records, config, path=run_dir, source=mpath)
+    run.score_is_accuracy = True
     if bad:
         run.warnings.append(f"{bad} unreadable line(s) in {mpath}")
     return run

@@ -215,6 +215,29 @@ def _probe_batch(runs: Sequence[Run]) -> float:
     return float(bs[0])
 
 
+def check_probe(runs: Sequence[Run], who: str = "actor", n_star: float | None = None,
+                target: float | None = None) -> float:
+    """PlanError for probe runs `batch_plan` cannot use (no runs, no shared batch B0, no
+    gradient-norm fields of network `who`, a target no run reaches), read from the records
+    alone, so a command refuses them before its throughput source (a timing pass) runs.
+    Returns B0."""
+    if not runs:
+        raise PlanError("probe_run", "no probe run", "pass --probe_run=RUN_DIR")
+    if who not in NETWORKS:
+        raise PlanError("noise_of", f"{who!r} is not one of {NETWORKS}", "use actor or critic")
+    b0 = _probe_batch(runs)
+    if snoise.pooled_estimates(runs, who)["g2_U"].size == 0:
+        raise PlanError("probe_run", f"no training record of {runs[0].path or runs[0].name} "
+                        f"carries {who}_grad_sqnorm_micro (>= 2 micro-batches) and "
+                        f"{who}_grad_sqnorm", "train the probe with --micro_batches=2 or more "
+                        "(docs/API.md, Gradient-norm fields)")
+    if n_star is not None and target is not None:
+        raise PlanError("n_star", "both --n_star and --target given", "pass one of them")
+    if target is not None:
+        probe_n_star(runs, target)
+    return b0
+
+
 def batch_plan(runs: Sequence[Run], fit: dict, batches: Sequence[float] | None = None, *,
          who: str = "actor", n_star: float | None = None, target: float | None = None,
          half_width: float = 0.5, gen_batch_ratio: float | None = None, n_boot: int = 1000,

@@ -22,6 +22,15 @@ import numpy as np
 CI_LEVEL = 0.9
 
 
+MIN_BOOT = 20    # fewer give no replicate beyond a 90% interval's 5%/95% quantiles
+
+
+def min_n_boot(level: float = CI_LEVEL) -> int:
+    """Bootstrap replicates a `level` interval needs: at least one beyond each tail's
+    quantile, (1 - level) / 2 of them, and never fewer than MIN_BOOT."""
+    return max(MIN_BOOT, math.ceil(2 / (1 - level) - 1e-9))
+
+
 def isotonic(y: Sequence[float], w: Sequence[float] | None = None) -> np.ndarray:
     """Non-decreasing least-squares fit of ``y`` (weights ``w``): pool adjacent violators."""
     y = np.asarray(y, dtype=float)
