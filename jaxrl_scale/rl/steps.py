@@ -562,9 +562,11 @@ def make_train_step(step_fn: Callable, states: TrainState | tuple[TrainState, ..
                          donate_argnums=donate_argnums, compiler_options=compiler_options)
 
     def train_step(*args):
-        if mesh is not None:
-            shd.check_batch_divisible(mesh, args[-1])
-        return jitted(*args)
+        if mesh is None:
+            return jitted(*args)
+        shd.check_batch_divisible(mesh, args[-1])
+        with jax.set_mesh(mesh):   # traced with the mesh in context: models/moe.py's
+            return jitted(*args)   # expert-parallel dispatch reads it
 
     train_step.jitted, train_step.options = jitted, options
     return train_step
