@@ -313,14 +313,6 @@ def test_moe_gradients_equal_autodiff(loaded, monkeypatch):
 
 # ----------------------------------------------------------------------------- sparse dispatch
 
-def _empty_experts(cfg, params, tokens):
-    """Per layer, how many experts receive no routed row for these tokens."""
-    _, aux = _fwd_aux(cfg, params, tokens)
-    _, idx = moe.route(aux["router_logits_LBTE"], cfg.num_experts_per_tok, cfg.norm_topk_prob)
-    counts = np.asarray(jax.nn.one_hot(idx, cfg.num_experts).sum(axis=(1, 2, 3)))
-    return (counts == 0).sum(axis=-1)
-
-
 def _permute_experts(params, seed=1):
     """The same model with its experts, and each expert's hidden units, in another order
     (router columns, expert weights): every output is unchanged, but the dense dispatch's
@@ -358,20 +350,19 @@ def test_sparse_logits_and_greedy_match_hf_and_dense(request, which):
         model, (cfg, params) = request.getfixturevalue(which)
     sparse, dense = cfg.replace(moe_dispatch="sparse"), cfg.replace(moe_dispatch="dense")
     rng = np.random.RandomState(6)
-    empty = 0
-    for shape in [(3, 13), (2, 5), (1, 1)]:
+    # (1, 1): one token routes to k < E experts, so E - k experts get no row (tiles of
+    # padding only); (3, 13): tiles of several rows (moe.tile_rows).
+    for shape in [(3, 13), (1, 1)]:
         tokens = jnp.asarray(rng.randint(0, V, shape), jnp.int32)
         got = _fwd(sparse, params, tokens)
         assert _max_diff(got, _hf_logits(model, tokens)) <= TOL, shape
         assert _max_diff(got, _fwd(dense, params, tokens)) <= TOL, shape
-        empty += int(_empty_experts(cfg, params, tokens).sum())
-    assert empty > 0     # some expert received no routed row: its tiles hold padding only
     prompts = [[5, 17, 99, 3, 42], [7, 1], [64, 23, 8]]        # left-padded together
-    ours = generate(sparse, params, prompts, max_new_tokens=16, temperature=0.0, eos_id=None,
+    ours = generate(sparse, params, prompts, max_new_tokens=12, temperature=0.0, eos_id=None,
                     pad_id=0)
     for i, p in enumerate(prompts):
         with torch.no_grad():
-            ref = model.generate(torch.tensor([p]), max_new_tokens=16, min_new_tokens=16,
+            ref = model.generate(torch.tensor([p]), max_new_tokens=12, min_new_tokens=12,
                                  do_sample=False, pad_token_id=0)[0, len(p):].numpy()
         np.testing.assert_array_equal(np.asarray(ours.tokens[i]), ref, err_msg=f"prompt {i}")
 
@@ -403,15 +394,16 @@ def test_sparse_gradients_equal_dense(hf_wide):
     assert tree_norm(want["layers"]["router"]) > 0
 
 
-@pytest.mark.parametrize("E,M,tile", [(5, 23, 4), (8, 40, 1), (3, 17, 8), (4, 12, 2)])
+@pytest.mark.parametrize("E,M,tile", [(5, 23, 4), (8, 40, 1), (3, 17, 8)])
 def test_sparse_layout_is_dropless(E, M, tile):
     """Every routed row gets its own buffer row inside a tile of its expert, whatever the
     routing (random, every row to one expert, rows routed elsewhere = E), within the static
     (M + E (m - 1)) / m tiles; padding rows point nowhere (M)."""
     rng = np.random.RandomState(E * M + tile)
     nt = (M + E * (tile - 1)) // tile
+    layout = jax.jit(moe.sparse_layout, static_argnums=(1, 2))
     for experts in (rng.randint(0, E + 1, M), np.full(M, E - 1), np.full(M, E)):
-        lay = moe.sparse_layout(jnp.asarray(experts, jnp.int32), E, tile)
+        lay = layout(jnp.asarray(experts, jnp.int32), E, tile)
         dst, src = np.asarray(lay.dst_M), np.asarray(lay.src_R)
         tile_e = np.asarray(lay.tile_expert_t)
         assert tile_e.shape == (nt,) and src.shape == (nt * tile,)
@@ -447,8 +439,12 @@ def test_routed_experts_kernels_and_gradients():
         for name, fn in [("ref", reference),
                          ("tiles", lambda *a: moe.routed_experts(*a, impl="tiles")),
                          ("ragged", lambda *a: moe.routed_experts(*a, impl="ragged_dot"))]:
-            f = jax.jit(lambda x, w, *p, fn=fn: jnp.sum(jnp.sin(fn(x, w, e, *p))))
-            outs[name] = (jax.jit(fn)(x, w, e, *ws), jax.grad(f, argnums=(0, 1, 2, 3))(x, w, *ws))
+            def f(x, w, *p, fn=fn):
+                y = fn(x, w, e, *p)
+                return jnp.sum(jnp.sin(y)), y
+            (_, y), g = jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2, 3), has_aux=True))(
+                x, w, *ws)
+            outs[name] = (y, g)
         # The per-row reference in another order (experts relabelled) is the rounding floor.
         pe = np.random.default_rng(1).permutation(E)
         relabel = jnp.asarray(np.append(np.argsort(pe), E), jnp.int32)[e]

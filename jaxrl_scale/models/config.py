@@ -13,6 +13,7 @@ from typing import Any
 import jax.numpy as jnp
 
 ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe")
+MOE_DISPATCHES = ("dense", "sparse", "auto")   # ModelConfig.moe_dispatch (models/moe.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +77,7 @@ class ModelConfig:
                     f"num_kv_heads={self.num_kv_heads} (grouped-query attention).")
         if self.head_dim % 2:
             raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even for RoPE.")
-        if self.moe_dispatch not in ("dense", "sparse", "auto"):
+        if self.moe_dispatch not in MOE_DISPATCHES:
             raise ValueError(f"ModelConfig.moe_dispatch={self.moe_dispatch!r}; use 'dense', "
                              "'sparse' or 'auto'.")
         if self.num_experts < 0:

@@ -25,8 +25,8 @@ Dispatch (ModelConfig.moe_dispatch; `dispatch_mode` resolves "auto"):
   rows, D 192, F 64 it took 1.39 s where the tiles' product took a few ms (results/moe_dispatch/).
   `grouped_matmul(..., impl="ragged_dot")` keeps it as the reference and for a backend with a
   native kernel.
-- Expert parallelism: on a mesh with an `expert` axis (jax.set_mesh, as rl.steps'
-  make_train_step does), sparse dispatch runs under shard_map: each device gathers the tokens of
+- Expert parallelism: with a context mesh that has an `expert` axis (jax.set_mesh, or
+  jax.sharding.use_abstract_mesh as rl.steps.make_train_step traces the update), sparse dispatch runs under shard_map: each device gathers the tokens of
   its expert group (all_gather over `expert`), runs the routed rows of its own E / X experts, and
   the outputs are summed back to the tokens' devices (psum_scatter). XLA:CPU has no
   ragged-all-to-all; this form is dropless with static shapes and keeps each device's expert
@@ -40,10 +40,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from jaxrl_scale.models.config import MOE_DISPATCHES as DISPATCHES
 from jaxrl_scale.sharding import BATCH_AXES, EXPERT_AXIS
 
 Array = jax.Array
-DISPATCHES = ("dense", "sparse", "auto")
 # "auto" picks sparse when E / k reaches this, per backend: measured on XLA:CPU by
 # experiments/moe_bench.py (results/moe_dispatch/README.md). Other backends are unmeasured and
 # take the CPU's threshold: the sparse path is plain batched matmuls there too.
@@ -240,7 +240,8 @@ def routed_experts(x_ND, w_Nk, expert_Nk, w_gate_up_ED2F, w_down_EFD, *,
 
 
 def expert_mesh():
-    """The context mesh (jax.set_mesh) when it has an `expert` axis of size > 1, else None."""
+    """The context mesh (jax.set_mesh / use_abstract_mesh) when it has an `expert` axis of
+    size > 1, else None."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or EXPERT_AXIS not in mesh.axis_names or mesh.shape[EXPERT_AXIS] == 1:
         return None
