@@ -246,6 +246,10 @@ def test_expert_mesh_update_matches_one_device(moe_params, dispatch):
     mesh = shd.make_mesh(data=2, expert=4)
     assert dict(mesh.shape) == {"data": 2, "fsdp": 1, "expert": 4, "tensor": 1}
     state, m = _grpo(moe_params, batch, mesh, cfg=cfg)
+    if dispatch == "sparse":   # the training loop's AOT path (.jitted.lower) is expert parallel
+        fn = steps.make_train_step(steps.grpo_step, new_state(moe_params), mesh=mesh,
+                                   cfg=cfg, tx=TX, loss_cfg=LOSS_CFG, group_size=GT)
+        assert "manual_computation" in fn.jitted.lower(state, batch).as_text()
     assert set(param_shapes(CFG)["layers"]) <= set(shd.PARAM_RULES)
     assert state.params["layers"]["expert_gate"].sharding.spec == jax.sharding.PartitionSpec(
         None, "expert", None, None)
