@@ -484,12 +484,16 @@ def test_sparse_runs_expert_parallel_on_the_expert_mesh(moe_params):
     assert "shard_map" not in traced(sparse, shd.make_mesh(data=8))
 
 
-def test_moe_dispatch_validates_and_auto_follows_expert_ratio():
+def test_moe_dispatch_validates_and_auto_follows_its_thresholds():
     with pytest.raises(ValueError, match="moe_dispatch"):
         CFG.replace(moe_dispatch="ragged")
-    thr = moe.SPARSE_MIN_EXPERT_RATIO["cpu"]
-    at = CFG.replace(num_experts=int(2 * thr), num_experts_per_tok=2)
-    below = CFG.replace(num_experts=int(2 * thr) - 1, num_experts_per_tok=2)
-    assert moe.dispatch_mode(at, "cpu") == "sparse" and moe.dispatch_mode(below, "cpu") == "dense"
-    assert moe.dispatch_mode(below.replace(moe_dispatch="sparse"), "cpu") == "sparse"
-    assert moe.dispatch_mode(at.replace(moe_dispatch="dense"), "cpu") == "dense"
+    ratio, rows = moe.SPARSE_MIN_EXPERT_RATIO["cpu"], moe.SPARSE_MIN_ROWS_PER_EXPERT["cpu"]
+    k = 2
+    at = CFG.replace(num_experts=int(k * ratio), num_experts_per_tok=k)
+    below = CFG.replace(num_experts=int(k * ratio) - 1, num_experts_per_tok=k)
+    n = int(np.ceil(rows * at.num_experts / k))        # tokens giving `rows` rows per expert
+    assert moe.dispatch_mode(at, n, "cpu") == "sparse"
+    assert moe.dispatch_mode(at, n - 1, "cpu") == "dense"
+    assert moe.dispatch_mode(below, 10 * n, "cpu") == "dense"
+    assert moe.dispatch_mode(below.replace(moe_dispatch="sparse"), 1, "cpu") == "sparse"
+    assert moe.dispatch_mode(at.replace(moe_dispatch="dense"), 10 * n, "cpu") == "dense"

@@ -11,7 +11,8 @@ grouped matmul as jax.lax.ragged_dot (the kernel the sparse path does not use on
 module docstring says why). Every timed call runs in interleaved rounds (call 1 of each
 contender, then call 2, ...), so each round's dense / sparse ratio compares the same minute
 of a shared machine; reported: the median over rounds, its spread (min-max) and the ratio per
-round. `auto` (moe.dispatch_mode) is checked against the faster update at each shape.
+round. `auto` (moe.dispatch_mode) is checked against the faster update at each shape, and its
+decode (prefill and steps may resolve differently) is timed against the faster forced one.
 
     python experiments/moe_bench.py                       # ~3 min on 2 loaded CPU cores
     python experiments/moe_bench.py --rounds=7 --batch=16
@@ -115,8 +116,8 @@ def update_fn(cfg, params, seed: int):
     hp = optim.AdamHParams(lr=1e-6)
     tx = optim.make_optimizer(hp)
     fn = steps.make_train_step(steps.grpo_step, cfg=cfg, tx=tx, loss_cfg=steps.LossConfig(),
-                               group_size=FLAGS.group_size, lr_fn=functools.partial(optim.current_lr, hp,
-                                                                     warmup_steps=0))
+                               group_size=FLAGS.group_size,
+                               lr_fn=functools.partial(optim.current_lr, hp, warmup_steps=0))
     batch = make_batch(cfg, seed)
     holder = [create_train_state(jax.tree.map(jnp.copy, params), tx, seed)]
 
@@ -178,6 +179,9 @@ def main(argv):
             fns[f"{shape} update {dispatch}"] = update_fn(cfg, params, FLAGS.seed)
             fns[f"{shape} decode {dispatch}"] = decode_fn(cfg, params, FLAGS.seed)
         configs[shape] = model_config(shape, "auto")
+        # auto's update is one of the two programs above (every layer sees B * T tokens); its
+        # decode mixes them (prefill on B * Tp tokens, steps on B), so it is timed too.
+        fns[f"{shape} decode auto"] = decode_fn(configs[shape], params, FLAGS.seed)
         if FLAGS.kernel and shape == "e128k8":
             fns.update({f"{shape} {k}": f for k, f in
                         mlp_fns(configs[shape], np_params(configs[shape], 1), 1).items()})
@@ -185,27 +189,38 @@ def main(argv):
           f"(backend {jax.default_backend()})", flush=True)
     times, _ = bench.time_interleaved(fns, repeats=FLAGS.rounds, warmup=1)
 
-    rows, shapes_out = [], {}
-    print(f"\n{'shape':<9} {'step':<7} {'dense s (min-max)':>24} {'sparse s (min-max)':>24} "
-          f"{'dense/sparse (min-max)':>24}  auto")
+    shapes_out = {}
+    print(f"\n{'shape':<9} {'step':<7} {'dense s (min-max)':>22} {'sparse s (min-max)':>22} "
+          f"{'dense/sparse (min-max)':>22}  auto")
     for shape in FLAGS.shapes:
         cfg = configs[shape]
-        auto = moe.dispatch_mode(cfg)
+        modes = {"update": moe.dispatch_mode(cfg, FLAGS.batch * FLAGS.seq_len),
+                 "prefill": moe.dispatch_mode(cfg, FLAGS.decode_batch * FLAGS.prompt_len),
+                 "decode step": moe.dispatch_mode(cfg, FLAGS.decode_batch)}
         out = dict(num_experts=cfg.num_experts, top_k=cfg.num_experts_per_tok,
-                   moe_intermediate_size=cfg.moe_intermediate_size, auto=auto)
+                   moe_intermediate_size=cfg.moe_intermediate_size, auto=modes)
         for step in ("update", "decode"):
             d, s = (times[f"{shape} {step} {disp}"] for disp in ("dense", "sparse"))
             r = ratio_row(d, s)
             faster = "sparse" if statistics.median(s) < statistics.median(d) else "dense"
             out[step] = dict(dense=summarize(d), sparse=summarize(s), dense_over_sparse=r,
-                             faster=faster, auto_picks_faster=auto == faster)
+                             faster=faster)
+            if step == "update":
+                out[step]["auto_picks_faster"] = ok = modes["update"] == faster
+                note = f"{modes['update']}{'' if ok else ' (NOT the faster)'}"
+            else:   # auto vs the faster forced dispatch, per round
+                a = times[f"{shape} decode auto"]
+                best = d if faster == "dense" else s
+                ra = ratio_row(a, best)
+                out[step].update(auto=summarize(a), auto_over_faster=ra)
+                note = (f"prefill {modes['prefill']}, steps {modes['decode step']}: "
+                        f"{statistics.median(a):.3f} s, {ra['median']:.2f}x the faster "
+                        f"({ra['min']:.2f}-{ra['max']:.2f})")
             print(f"{shape:<9} {step:<7} "
-                  f"{statistics.median(d):>9.3f} ({min(d):.3f}-{max(d):.3f}) "
-                  f"{statistics.median(s):>9.3f} ({min(s):.3f}-{max(s):.3f}) "
-                  f"{r['median']:>10.2f} ({r['min']:.2f}-{r['max']:.2f})  "
-                  f"{auto}{'' if auto == faster else ' (not the faster)'}")
+                  f"{statistics.median(d):>8.3f} ({min(d):.3f}-{max(d):.3f}) "
+                  f"{statistics.median(s):>8.3f} ({min(s):.3f}-{max(s):.3f}) "
+                  f"{r['median']:>9.2f} ({r['min']:.2f}-{r['max']:.2f})  {note}")
         shapes_out[shape] = out
-        rows.append(out)
     kernel = {k.split(" ", 1)[1]: summarize(v) for k, v in times.items() if " mlp " in k}
     if kernel:
         print("\ne128k8 one MoE MLP forward, "
@@ -216,9 +231,10 @@ def main(argv):
         command=" ".join(["python experiments/moe_bench.py"] + sys.argv[1:]),
         backend=jax.default_backend(), machine=platform.processor() or platform.machine(),
         device_count=jax.device_count(), jax=jax.__version__,
-        flags={n: getattr(FLAGS, n) for n in ("batch", "group_size", "seq_len", "prompt_len", "decode_batch",
-                                              "new_tokens", "rounds", "seed")},
+        flags={n: getattr(FLAGS, n) for n in ("batch", "group_size", "seq_len", "prompt_len",
+                                              "decode_batch", "new_tokens", "rounds", "seed")},
         sparse_min_expert_ratio=moe.SPARSE_MIN_EXPERT_RATIO,
+        sparse_min_rows_per_expert=moe.SPARSE_MIN_ROWS_PER_EXPERT,
         shapes=shapes_out, mlp_forward=kernel), indent=2)
     print(f"\nwrote {FLAGS.json_out}")
 

@@ -260,7 +260,8 @@ INT_FIELDS = {f.name for c in (TrainConfig, OptimConfig, LossConfig, SamplingCon
 def _enums() -> dict[str, tuple]:
     from jaxrl_scale.models.config import MOE_DISPATCHES
     return {"algo": ALGOS, "rollout": ROLLOUTS, "lr_rule": ADAM_RULES, "wandb_mode": WANDB_MODES,
-            "moe_dispatch": MOE_DISPATCHES, **LOSS_CHOICES}   # the loss's choices: one table, rl/config.py
+            "moe_dispatch": MOE_DISPATCHES,
+            **LOSS_CHOICES}   # the loss's choices: one table, rl/config.py
 
 
 def check_fields(flat: dict[str, Any]) -> None:

@@ -61,7 +61,8 @@ class ModelConfig:
     router_aux_loss_coef: float = 0.001
     # How the experts run (models/moe.py): "dense" (every token through every expert),
     # "sparse" (dropless grouped matmuls over the routed rows, expert parallel on an `expert`
-    # mesh axis) or "auto" (sparse from E / k >= moe.SPARSE_MIN_EXPERT_RATIO). Same math.
+    # mesh axis) or "auto" (per call, by E / k and the routed rows per expert:
+    # moe.dispatch_mode). Same math.
     moe_dispatch: str = "auto"
 
     def __post_init__(self):

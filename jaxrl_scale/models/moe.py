@@ -10,7 +10,8 @@ Routing is HF's Qwen3MoeTopKRouter: logits = x @ router (compute dtype), softmax
 top-k, optionally renormalised over the k chosen (norm_topk_prob), cast back to the compute
 dtype. Every token's output is sum_k weight_k * expert_k(x).
 
-Dispatch (ModelConfig.moe_dispatch; `dispatch_mode` resolves "auto"):
+Dispatch (ModelConfig.moe_dispatch; `dispatch_mode` resolves "auto" per call, from E / k and the
+routed rows per expert):
 - "dense": every token through all E experts, combined with a [B, T, E] weight matrix (the
   top-k weights, 0 elsewhere). E / k times the routed FLOPs, but static shapes and the fewest,
   largest kernels: the faster choice at small E / k.
@@ -26,9 +27,10 @@ Dispatch (ModelConfig.moe_dispatch; `dispatch_mode` resolves "auto"):
   `grouped_matmul(..., impl="ragged_dot")` keeps it as the reference and for a backend with a
   native kernel.
 - Expert parallelism: with a context mesh that has an `expert` axis (jax.set_mesh, or
-  jax.sharding.use_abstract_mesh as rl.steps.make_train_step traces the update), sparse dispatch runs under shard_map: each device gathers the tokens of
-  its expert group (all_gather over `expert`), runs the routed rows of its own E / X experts, and
-  the outputs are summed back to the tokens' devices (psum_scatter). XLA:CPU has no
+  jax.sharding.use_abstract_mesh as rl.steps.make_train_step traces the update), sparse
+  dispatch runs under shard_map: each device gathers the tokens of its expert group
+  (all_gather over `expert`), runs the routed rows of its own E / X experts, and the outputs
+  are summed back to the tokens' devices (psum_scatter). XLA:CPU has no
   ragged-all-to-all; this form is dropless with static shapes and keeps each device's expert
   weights and optimizer state at 1 / X.
 """
@@ -44,10 +46,14 @@ from jaxrl_scale.models.config import MOE_DISPATCHES as DISPATCHES
 from jaxrl_scale.sharding import BATCH_AXES, EXPERT_AXIS
 
 Array = jax.Array
-# "auto" picks sparse when E / k reaches this, per backend: measured on XLA:CPU by
-# experiments/moe_bench.py (results/moe_dispatch/README.md). Other backends are unmeasured and
-# take the CPU's threshold: the sparse path is plain batched matmuls there too.
-SPARSE_MIN_EXPERT_RATIO = {"cpu": 8.0}
+# "auto" picks sparse when E / k and the mean routed rows per expert, k N / E for N tokens,
+# both reach these, per backend. Measured on XLA:CPU by experiments/moe_bench.py
+# (results/moe_dispatch/README.md): sparse was faster for GRPO updates at E / k = 16 and 4 (64 and
+# 256 rows per expert), dense for decode steps of 16 rows (1 and 4 rows per expert); E / k < 4
+# and 4..64 rows per expert are untested, so the thresholds sit at the lowest measured win and
+# between the two row counts. Other backends are unmeasured and take the CPU's thresholds.
+SPARSE_MIN_EXPERT_RATIO = {"cpu": 4.0}
+SPARSE_MIN_ROWS_PER_EXPERT = {"cpu": 16.0}
 
 
 def _dense(x, w, n_in=1):
@@ -78,23 +84,25 @@ def combine_weights(logits_BTE, top_k: int, norm_topk_prob: bool) -> Array:
     return jnp.einsum("btk,btke->bte", top_BTk, onehot_BTkE)
 
 
-def dispatch_mode(cfg, backend: str | None = None) -> str:
-    """"dense" or "sparse": cfg.moe_dispatch, with "auto" decided by E / k on this backend."""
+def dispatch_mode(cfg, n_tokens: int, backend: str | None = None) -> str:
+    """"dense" or "sparse" for a call on n_tokens tokens: cfg.moe_dispatch, with "auto"
+    decided by E / k and the mean routed rows per expert on this backend (thresholds above)."""
     if cfg.moe_dispatch != "auto":
         return cfg.moe_dispatch
     backend = backend or jax.default_backend()
-    ratio = cfg.num_experts / cfg.num_experts_per_tok
-    threshold = SPARSE_MIN_EXPERT_RATIO.get(backend, SPARSE_MIN_EXPERT_RATIO["cpu"])
-    return "sparse" if ratio >= threshold else "dense"
+    E, k = cfg.num_experts, cfg.num_experts_per_tok
+    min_ratio = SPARSE_MIN_EXPERT_RATIO.get(backend, SPARSE_MIN_EXPERT_RATIO["cpu"])
+    min_rows = SPARSE_MIN_ROWS_PER_EXPERT.get(backend, SPARSE_MIN_ROWS_PER_EXPERT["cpu"])
+    return "sparse" if E / k >= min_ratio and k * n_tokens / E >= min_rows else "dense"
 
 
 def moe_mlp(cfg, lp, x_BTD) -> tuple[Array, Array]:
     """(out_BTD, router_logits_BTE float32): the sparse MoE block (HF Qwen3MoeSparseMoeBlock),
-    with the experts run by `dispatch_mode(cfg)` (module docstring)."""
+    with the experts run by `dispatch_mode` (module docstring)."""
     dt = cfg.jnp_dtype
     logits_BTE = router_logits(cfg, lp, x_BTD)
-    if dispatch_mode(cfg) == "sparse":
-        B, T, D = x_BTD.shape
+    B, T, D = x_BTD.shape
+    if dispatch_mode(cfg, B * T) == "sparse":
         w_BTk, idx_BTk = route(logits_BTE, cfg.num_experts_per_tok, cfg.norm_topk_prob)
         k = w_BTk.shape[-1]
         y_ND = routed_experts_on_mesh(
@@ -134,8 +142,11 @@ def gate_up_ED2F(lp) -> Array:
 
 
 def decode_layout(cfg, lp) -> dict[str, Array]:
-    """The fused expert gate/up weights `moe_mlp` reads fastest under cfg's dispatch."""
-    if dispatch_mode(cfg) == "sparse":
+    """The fused expert gate/up weights a decode step reads: the sparse layout under
+    moe_dispatch="sparse", else the dense one (auto's choice for decode steps of up to
+    E * SPARSE_MIN_ROWS_PER_EXPERT / k rows; a call that resolves otherwise, a prefill,
+    converts it once)."""
+    if cfg.moe_dispatch == "sparse":
         return {"expert_gate_up_ED2F": gate_up_ED2F(lp)}
     return {"expert_gate_up": fuse_gate_up(lp)}
 
