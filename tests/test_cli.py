@@ -304,3 +304,16 @@ def test_make_run_refuses_nonsense(recs, field, step):
     with pytest.raises(sio.DataError) as e:
         sio.make_run("r", recs, source="m.jsonl")
     assert str(e.value).startswith(f"{field}: m.jsonl step {step}: ") and ". Fix: " in str(e.value)
+
+
+@pytest.mark.parametrize("arg,field", [("--batch=6", "group_size"), ("--shapes=foo", "shapes"),
+                                       ("--new_tokens=200", "new_tokens")])
+def test_moe_bench_bad_flags_one_line(arg, field):
+    """The MoE dispatch benchmark refuses bad flags in one line, exit 2, before compiling."""
+    res = subprocess.run([sys.executable, "-m", "jaxrl_scale.cli.moe_bench", arg],
+                         capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    lines = [l for l in res.stderr.splitlines() if l.strip()]
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {field}: "), lines
+    assert ". Fix: " in lines[0]
