@@ -10,29 +10,33 @@ Routing is HF's Qwen3MoeTopKRouter: logits = x @ router (compute dtype), softmax
 top-k, optionally renormalised over the k chosen (norm_topk_prob), cast back to the compute
 dtype. Every token's output is sum_k weight_k * expert_k(x).
 
-Dispatch (ModelConfig.moe_dispatch; `dispatch_mode` resolves "auto" per call, from E / k and the
-routed rows per expert):
+Dispatch (ModelConfig.moe_dispatch; `dispatch_mode` resolves "auto" per call, from E / k and
+the routed rows per expert):
 - "dense": every token through all E experts, combined with a [B, T, E] weight matrix (the
   top-k weights, 0 elsewhere). E / k times the routed FLOPs, but static shapes and the fewest,
-  largest kernels: the faster choice at small E / k.
+  largest kernels: the faster choice at few rows per expert (decode steps).
 - "sparse" (dropless): the k * B * T routed rows are sorted by expert and each expert's rows
   padded up to a multiple of a tile of `tile_rows` rows; the tiles run as one batched matmul
   against their expert's weights, and the rows come back through the inverse map, weighted and
   summed over k. No capacity factor, so no token is ever dropped: the buffer's static size is
   the worst case, M + E (m - 1) rows for M = k B T routed rows and tiles of m. Every row gather
   has a gather as its gradient (`_rows`), not a scatter-add.
-  jax.lax.ragged_dot would be the natural grouped matmul, but XLA (CPU, and GPU as of jax
-  0.10) lowers it to a dense masked product over all E groups: at 128 experts, 16,384 routed
-  rows, D 192, F 64 it took 1.39 s where the tiles' product took a few ms (results/moe_dispatch/).
-  `grouped_matmul(..., impl="ragged_dot")` keeps it as the reference and for a backend with a
-  native kernel.
+  jax.lax.ragged_dot would be the natural grouped matmul, but XLA:CPU lowers it to a dense
+  masked product over all E groups: [16384, 192] x [128, 192, 64] took 1.39 s where one
+  [16384, 192] x [192, 64] product took 2.9 ms, and the MoE MLP forward at 128 experts on 256
+  tokens took 3.66 s with it against 0.35 s with the tiles (results/moe_dispatch/). XLA:GPU
+  in jax 0.10 does the same without a cuDNN grouped-GEMM fusion (reported in
+  marin-community/marin#7012). `grouped_matmul(..., impl="ragged_dot")` keeps it as the test
+  reference and for a backend with a native kernel.
 - Expert parallelism: with a context mesh that has an `expert` axis (jax.set_mesh, or
   jax.sharding.use_abstract_mesh as rl.steps.make_train_step traces the update), sparse
   dispatch runs under shard_map: each device gathers the tokens of its expert group
   (all_gather over `expert`), runs the routed rows of its own E / X experts, and the outputs
-  are summed back to the tokens' devices (psum_scatter). XLA:CPU has no
-  ragged-all-to-all; this form is dropless with static shapes and keeps each device's expert
-  weights and optimizer state at 1 / X.
+  are summed back to the tokens' devices (psum_scatter). jax.lax.ragged_all_to_all would send
+  each row only where its experts live, but XLA:CPU has no ragged-all-to-all ("UNIMPLEMENTED"
+  on jax 0.10.2). This form is dropless with static shapes and keeps each device's expert
+  weights and optimizer state at 1 / X; its tile buffer is sized for the worst case (every
+  row of the group routed to its experts), so its matmul work is not 1 / X.
 """
 from __future__ import annotations
 
@@ -48,10 +52,11 @@ from jaxrl_scale.sharding import BATCH_AXES, EXPERT_AXIS
 Array = jax.Array
 # "auto" picks sparse when E / k and the mean routed rows per expert, k N / E for N tokens,
 # both reach these, per backend. Measured on XLA:CPU by experiments/moe_bench.py
-# (results/moe_dispatch/README.md): sparse was faster for GRPO updates at E / k = 16 and 4 (64 and
-# 256 rows per expert), dense for decode steps of 16 rows (1 and 4 rows per expert); E / k < 4
-# and 4..64 rows per expert are untested, so the thresholds sit at the lowest measured win and
-# between the two row counts. Other backends are unmeasured and take the CPU's thresholds.
+# (results/moe_dispatch/README.md): sparse was faster for GRPO updates at E / k = 16 and 4
+# (64 and 256 rows per expert), dense for decode steps of 16 rows (1 and 4 rows per expert);
+# E / k < 4 and 4..64 rows per expert are untested, so the thresholds sit at the lowest
+# measured win and between the two row counts. Other backends are unmeasured and take the
+# CPU's thresholds.
 SPARSE_MIN_EXPERT_RATIO = {"cpu": 4.0}
 SPARSE_MIN_ROWS_PER_EXPERT = {"cpu": 16.0}
 
