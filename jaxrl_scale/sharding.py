@@ -5,8 +5,9 @@ optimizer state are sharded on D), `tensor` (Megatron-style: heads and the MLP h
 and, only when make_mesh is given expert > 1, `expert` (expert parallel for mixture-of-experts
 models: the E axis of the expert weights is split over it). For activations `expert` is one
 more data axis: the batch rows are split over data x fsdp (x expert), so every device holds a
-slice of the batch, runs its own experts on all tokens (models/moe.py computes the experts
-densely) and XLA inserts the collectives; the non-expert params are replicated over it. A
+slice of the batch; under sparse MoE dispatch each device runs the rows routed to its own
+experts (shard_map in models/moe.py), under dense dispatch XLA inserts the collectives of the
+dense expert product; the non-expert params are replicated over it. A
 dense model on an expert mesh is data parallel over that axis. The same code runs on 1 CPU
 and on a pod: a mesh axis of size 1 is a no-op and a rule whose dimension does not divide its
 axis is dropped (that dimension is replicated), so a tiny model works on any mesh.

@@ -42,6 +42,9 @@ TRAIN_ROWS = [
     ("--max_grad_norm=-1", "max_grad_norm"), ("--b1=1.5", "b1"), ("--eps=0", "eps"),
     ("--target=2", "target"), ("--target_margin=0.5", "target_margin"),
     ("--mesh_data=3", "mesh_data"), ("--num_train_examples=-5", "num_train_examples"),
+    ("--mesh_expert=0", "mesh_expert"), ("--mesh_expert=2", "mesh_expert"),
+    ("--model=moe_cpu --mesh_expert=3", "mesh_expert"),
+    ("--model=moe_cpu --mesh_expert=16", "mesh_expert"), ("--moe_dispatch=ragged", "moe_dispatch"),
     ("--max_prompt_len=-1", "max_prompt_len"), ("--seed=-1", "seed"),
     ("--entropy_coef=-1", "entropy_coef"),
     ("--run_dir={resumed} --warmstart=false --prompts_per_step=16", "prompts_per_step"),
@@ -479,3 +482,15 @@ def test_bench_bad_inputs_one_line_each(tmp_path, module):
     rows = BENCH_ROWS[module]
     results = _table(tmp_path, module, rows, file=tmp_path / "a_file")
     _check(results, rows)
+
+@pytest.mark.parametrize("arg,field", [("--batch=6", "group_size"), ("--shapes=foo", "shapes"),
+                                       ("--new_tokens=200", "new_tokens")])
+def test_moe_bench_bad_flags_one_line(arg, field):
+    """The MoE dispatch benchmark refuses bad flags in one line, exit 2, before compiling."""
+    res = subprocess.run([sys.executable, "-m", "jaxrl_scale.cli.moe_bench", arg],
+                         capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    lines = [l for l in res.stderr.splitlines() if l.strip()]
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {field}: "), lines
+    assert ". Fix: " in lines[0]

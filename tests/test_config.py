@@ -64,3 +64,15 @@ def test_errors_name_the_nested_field_by_its_flag():
         TrainConfig.make(kl_kind="k9")
     with pytest.raises(ValueError, match="top_p"):
         TrainConfig.make(top_p=0.0)
+
+
+def test_mesh_expert_must_divide_experts_and_devices():
+    """--mesh_expert: an `expert` mesh axis for MoE models; one-line errors otherwise."""
+    from jaxrl_scale.experiment.config import ConfigError, TrainConfig, check_mesh
+    mesh = check_mesh(TrainConfig.make(model="moe_cpu", mesh_expert=4))
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 1, "expert": 4, "tensor": 1}
+    for kw, n, match in [(dict(model="moe_cpu", mesh_expert=8), 4, "does not divide the 4 devices"),
+                         (dict(model="moe_cpu", mesh_expert=3), None, "8 experts"),
+                         (dict(mesh_expert=2), None, "is dense")]:
+        with pytest.raises(ConfigError, match=match):
+            check_mesh(TrainConfig.make(**kw), num_devices=n)

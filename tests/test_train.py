@@ -460,3 +460,15 @@ def test_run_whose_updates_are_all_nonfinite_stops(tmp_path, data_dir, monkeypat
     recs = [r for r in _records(cfg.run_dir) if "score" not in r and r["step"] > 0]
     assert [r["actor_nonfinite_count"] for r in recs] == [1, 2, 3, 4, 5]
     assert not os.path.exists(os.path.join(cfg.run_dir, "DONE.json"))
+
+@pytest.mark.slow
+def test_moe_run_with_expert_mesh_and_sparse_dispatch(tmp_path, data_dir):
+    """--model=moe_cpu --mesh_expert=4 --moe_dispatch=sparse: a run trains (expert-parallel
+    update, reference scoring, rollouts and evals on the expert mesh) with finite metrics."""
+    cfg = tiny_cfg(tmp_path, data_dir, model="moe_cpu", mesh_expert=4, moe_dispatch="sparse",
+                   kl_coef=0.05, router_aux_coef=0.01, max_steps=2, eval_every=2,
+                   checkpoint_every=2)
+    run_training(cfg, progress=False)
+    recs = [r for r in _records(str(tmp_path)) if "actor_loss" in r]
+    assert len(recs) == 2 and all(np.isfinite(r["actor_loss"]) for r in recs)
+    assert all(np.isfinite(r["router_aux_loss"]) for r in recs)

@@ -2,10 +2,10 @@ r"""One prepared accelerator check: the decode, update and RL-loop benchmarks on
 device JAX sees, with memory-bandwidth and FLOP utilisation against the chip's published
 peaks (jaxrl_scale.bench.CHIPS, sources named there).
 
-Runs the decode, train and RL-loop benchmarks (jaxrl_scale.cli.*_bench) as child processes (each
-with its own time limit, so one failure still leaves the others' figures), reads their JSON
-and prints one table. On a CPU there is no published peak: the fractions are of the peaks
-each benchmark measures in its own process.
+Runs the decode, train, RL-loop and MoE-dispatch benchmarks (jaxrl_scale.cli.*_bench) as child
+processes (each with its own time limit, so one failure still leaves the others' figures),
+reads their JSON and prints one table. On a CPU there is no published peak: the fractions are
+of the peaks each benchmark measures in its own process.
 
     python experiments/device_check.py                      # accelerator-sized shapes
     python experiments/device_check.py --quick              # CPU-sized smoke run
@@ -33,16 +33,21 @@ def _plans(quick: bool, out: str) -> dict[str, list[str]]:
         model, dt, dec_b, upd = "rl_cpu", "float32", "1,16,64", ["--batch=64", "--seq_len=16",
                                                                   "--prompt_len=8"]
         rl = ["--prompts=8", "--steps=6", "--rounds=1"]
+        moe_ = ["--batch=8", "--seq_len=32", "--new_tokens=8", "--decode_batch=8",
+                "--rounds=2", "--kernel=false"]
     else:
         model, dt, dec_b, upd = "qwen2.5-0.5b", "bfloat16", "1,16,64,256", [
             "--batch=32", "--seq_len=512", "--prompt_len=128"]
         rl = ["--prompts=32,128", "--steps=12", "--rounds=2"]
+        moe_ = ["--batch=64", "--seq_len=128", "--prompt_len=32", "--new_tokens=64",
+                "--decode_batch=64", "--rounds=3"]
     return {
         "decode": ["-m", "jaxrl_scale.cli.decode_bench", f"--model={model}", f"--dtype={dt}",
                    f"--batch_sizes={dec_b}", "--new_tokens=32", f"--json_out={out}/decode.json"],
         "update": ["-m", "jaxrl_scale.cli.train_bench", f"--model={model}", f"--dtype={dt}",
                    "--micro_batches=1", *upd, f"--json_out={out}/update.json"],
         "rl_loop": ["-m", "jaxrl_scale.cli.rl_bench", *rl, f"--json_out={out}/rl_loop.json"],
+        "moe": ["-m", "jaxrl_scale.cli.moe_bench", *moe_, f"--json_out={out}/moe.json"],
     }
 
 
@@ -77,7 +82,7 @@ def main(argv):
         return json.load(open(path)) if status[name]["ok"] and os.path.exists(path) else None
 
     print(f"\n{'benchmark':<28} {'figure':>14} {'vs chip peak':>13} {'vs measured':>12}")
-    dec, upd, rl = load("decode"), load("update"), load("rl_loop")
+    dec, upd, rl, moe_ = load("decode"), load("update"), load("rl_loop"), load("moe")
     if dec:
         for r in dec["results"]:
             bw = r["step_bytes"] / r["step_s"]
@@ -97,6 +102,11 @@ def main(argv):
             med = sorted(x["responses_per_s"] for x in r)[len(r) // 2]
             print(f"{'RL loop P=' + str(res['P']) + ' G=' + str(res['G']):<28} "
                   f"{med:>7.0f} resp/s {'-':>13} {'-':>12}")
+    if moe_:   # MoE dispatch: dense / sparse time ratio per round (median)
+        for shape, r in moe_["shapes"].items():
+            for step in ("update", "decode"):
+                x = r[step]["dense_over_sparse"]["median"]
+                print(f"{'moe ' + shape + ' ' + step:<28} {x:>8.2f} d/s {'-':>13} {'-':>12}")
     write_json(os.path.join(FLAGS.out_dir, "device.json"),
                dict(device_kind=dev.device_kind, device_count=jax.device_count(),
                     chip=chip[0] if chip else None, status=status), indent=2)

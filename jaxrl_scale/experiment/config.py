@@ -65,6 +65,9 @@ class TrainConfig:
     model: str = "rl_cpu"              # preset name, used when no checkpoint is given
     hf_checkpoint: str = ""            # HF directory (config.json + safetensors)
     init_checkpoint: str = ""          # orbax params (e.g. the SFT warm-start)
+    # MoE expert dispatch (ModelConfig.moe_dispatch): "dense", "sparse" (dropless; expert
+    # parallel on --mesh_expert > 1) or "auto" (by E / k). Ignored by dense models.
+    moe_dispatch: str = "auto"
     tokenizer: str = "char"            # "char" or a directory with tokenizer.json
     # --- batch (counted in retained responses per update: B_train = P * G)
     prompts_per_step: int = 32         # P
@@ -115,6 +118,9 @@ class TrainConfig:
     mesh_data: int = -1
     mesh_fsdp: int = 1
     mesh_tensor: int = 1
+    # expert parallelism (MoE): the experts split over this many devices (an `expert` mesh
+    # axis, which also splits the batch rows); must divide the experts and the devices.
+    mesh_expert: int = 1
 
     # (sub-config, field) set from another field, so no flag or flat name of its own.
     _HIDDEN_FLAGS: typing.ClassVar = (("loss", "temperature"), ("loss", "decoupled"))
@@ -226,7 +232,7 @@ RANGES: dict[str, tuple[float, float, bool]] = {
         "prompts_per_step", "group_size", "max_new_tokens", "gen_batch_ratio", "engine_steps",
         "micro_batches", "max_steps", "eval_every", "eval_prompts", "eval_samples",
         "generate_chunk", "checkpoint_every", "base_batch", "critic_minibatches",
-        "critic_epochs")},
+        "critic_epochs", "mesh_expert")},
     **{k: (0, _INF, False) for k in (
         "max_responses", "num_train_examples", "num_test_examples", "max_prompt_len", "seed",
         "warmup_steps", "top_k", "max_grad_norm", "clip_high", "vf_clip", "kl_coef",
@@ -243,7 +249,9 @@ INT_FIELDS = {f.name for c in (TrainConfig, OptimConfig, LossConfig, SamplingCon
 
 @functools.cache
 def _enums() -> dict[str, tuple]:
+    from jaxrl_scale.models.config import MOE_DISPATCHES
     return {"algo": ALGOS, "rollout": ROLLOUTS, "lr_rule": ADAM_RULES, "wandb_mode": WANDB_MODES,
+            "moe_dispatch": MOE_DISPATCHES,
             **LOSS_CHOICES}   # the loss's choices: one table, rl/config.py
 
 
@@ -350,11 +358,42 @@ def check_mesh(cfg: TrainConfig, num_devices: int | None = None):
     from jaxrl_scale import sharding as shd
     import jax
     devices = jax.devices()[:num_devices] if num_devices else None
+    _check_mesh_expert(cfg, len(devices or jax.devices()))
     try:
-        return shd.make_mesh(cfg.mesh_data, cfg.mesh_fsdp, cfg.mesh_tensor, devices=devices)
+        return shd.make_mesh(cfg.mesh_data, cfg.mesh_fsdp, cfg.mesh_tensor, devices=devices,
+                             expert=cfg.mesh_expert)
     except ValueError as e:
-        raise _err("mesh_data", str(e), f"make mesh_data x mesh_fsdp x mesh_tensor use the "
-                   f"{len(devices or jax.devices())} devices (one axis may be -1)") from None
+        raise _err("mesh_data", str(e), f"make mesh_data x mesh_fsdp x mesh_tensor x "
+                   f"mesh_expert use the {len(devices or jax.devices())} devices (one of the "
+                   "first three may be -1)") from None
+
+
+def _num_experts(cfg: TrainConfig) -> int:
+    """The model's expert count from its preset or config.json (nothing loaded)."""
+    if cfg.hf_checkpoint:
+        with open(os.path.join(os.path.expanduser(cfg.hf_checkpoint), "config.json")) as f:
+            d = json.load(f)
+        return int(d.get("num_experts", d.get("num_local_experts", 0)) or 0)
+    from jaxrl_scale.models.config import PRESETS
+    return PRESETS[cfg.model].num_experts
+
+
+def _check_mesh_expert(cfg: TrainConfig, n_devices: int) -> None:
+    """mesh_expert > 1 needs an MoE model whose experts, and the devices, it divides."""
+    X = cfg.mesh_expert
+    if X == 1:
+        return
+    E = _num_experts(cfg)
+    model = cfg.hf_checkpoint or cfg.model
+    if not E:
+        raise _err("mesh_expert", f"{X} splits experts, but model {model!r} is dense",
+                   "use --mesh_expert=1, or an MoE model such as --model=moe_cpu")
+    if E % X:
+        raise _err("mesh_expert", f"{X} does not divide the {E} experts of {model!r}",
+                   f"use a divisor of {E}")
+    if n_devices % X:
+        raise _err("mesh_expert", f"{X} does not divide the {n_devices} devices",
+                   f"use a divisor of {n_devices} that divides the {E} experts")
 
 
 def validate(cfg: TrainConfig, *, data_parallel: int | None = None,

@@ -85,6 +85,8 @@ def _model(cfg: TrainConfig, tok, mesh):
     else:
         model_cfg = get_config(cfg.model)
         params = None
+    if model_cfg.is_moe:
+        model_cfg = model_cfg.replace(moe_dispatch=cfg.moe_dispatch)
     if tok.vocab_size > model_cfg.vocab_size:
         raise ValueError(f"TrainConfig.tokenizer: vocab of {tok.vocab_size} ids exceeds the "
                          f"model's {model_cfg.vocab_size}. Fix: choose a larger --model.")

@@ -13,6 +13,7 @@ from typing import Any
 import jax.numpy as jnp
 
 ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe")
+MOE_DISPATCHES = ("dense", "sparse", "auto")   # ModelConfig.moe_dispatch (models/moe.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,11 @@ class ModelConfig:
     # HF's config value, carried for the round trip; the RL loss's own weight of the router
     # load-balancing loss is rl.steps.LossConfig.router_aux_coef.
     router_aux_loss_coef: float = 0.001
+    # How the experts run (models/moe.py): "dense" (every token through every expert),
+    # "sparse" (dropless grouped matmuls over the routed rows, expert parallel on an `expert`
+    # mesh axis) or "auto" (per call, by E / k and the routed rows per expert:
+    # moe.dispatch_mode). Same math.
+    moe_dispatch: str = "auto"
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -72,6 +78,9 @@ class ModelConfig:
                     f"num_kv_heads={self.num_kv_heads} (grouped-query attention).")
         if self.head_dim % 2:
             raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even for RoPE.")
+        if self.moe_dispatch not in MOE_DISPATCHES:
+            raise ValueError(f"ModelConfig.moe_dispatch={self.moe_dispatch!r}; use 'dense', "
+                             "'sparse' or 'auto'.")
         if self.num_experts < 0:
             raise ValueError(f"ModelConfig.num_experts must be >= 0 (0 = dense MLP), got "
                              f"{self.num_experts}.")

@@ -297,7 +297,8 @@ def unstack_layers(cfg: ModelConfig, params: Params, *, fuse: bool = True) -> tu
     +7% at 16, +4% at 64, +1% at 256.
 
     MoE layers (cfg.num_experts > 0): the experts' gate/up become one [D, 2, E, F] array
-    ("expert_gate_up", moe.fuse_gate_up); router and expert_down stay as they are.
+    ("expert_gate_up", moe.fuse_gate_up), or [E, D, 2F] ("expert_gate_up_ED2F") under sparse
+    dispatch (moe.decode_layout); router and expert_down stay as they are.
     """
     out = []
     for i in range(cfg.num_layers):
@@ -311,7 +312,7 @@ def unstack_layers(cfg: ModelConfig, params: Params, *, fuse: bool = True) -> tu
                 lp["b_qkv"] = jnp.concatenate([lp.pop(n).reshape(-1) for n in ("bq", "bk", "bv")])
             lp["wo"] = lp["wo"].reshape(-1, lp["wo"].shape[-1])
             if cfg.num_experts:
-                lp["expert_gate_up"] = moe.fuse_gate_up(lp)
+                lp.update(moe.decode_layout(cfg, lp))
                 del lp["expert_gate"], lp["expert_up"]
             else:
                 lp["w_gate_up"] = jnp.concatenate([lp.pop("w_gate"), lp.pop("w_up")], axis=1)

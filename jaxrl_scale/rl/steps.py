@@ -526,6 +526,16 @@ def ppo_step(actor_state: TrainState, critic_state: TrainState, batch: RolloutBa
 # ----------------------------------------------------------------------------- jit + shardings
 
 
+def _under_mesh(fn: Callable, mesh) -> Callable:
+    """fn traced with `mesh` as the context mesh, however it is lowered (a call, or
+    .jitted.lower as the training loop does): models/moe.py's expert-parallel dispatch reads it."""
+    @functools.wraps(fn)
+    def wrapped(*args):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return fn(*args)
+    return wrapped
+
+
 def make_train_step(step_fn: Callable, states: TrainState | tuple[TrainState, ...] | None = None,
                     *, mesh=None, donate: bool = True, compiler_options: Optional[dict] = None,
                     options: Optional[StepOptions] = None, **fields) -> Callable:
@@ -552,6 +562,8 @@ def make_train_step(step_fn: Callable, states: TrainState | tuple[TrainState, ..
         states = states if isinstance(states, tuple) else (states,)
         n = len(states)
     fn = functools.partial(step_fn, options=options)
+    if mesh is not None and shd.EXPERT_AXIS in mesh.axis_names:
+        fn = _under_mesh(fn, mesh)
     donate_argnums = tuple(range(n)) if donate else ()
     if mesh is None:
         jitted = jax.jit(fn, donate_argnums=donate_argnums, compiler_options=compiler_options)
