@@ -68,7 +68,7 @@ def guarded(main, defer_sigint: bool = False):
 
     @functools.wraps(main)
     def wrapped(argv):
-        from jaxrl_scale.checkpoint import CheckpointError, DiskFullError
+        from jaxrl_scale.checkpoint import CheckpointError, is_disk_full
         from jaxrl_scale.experiment.metrics import CorruptMetricsError
         with interrupt.deferred_sigint() if defer_sigint else contextlib.nullcontext():
             try:
@@ -78,10 +78,10 @@ def guarded(main, defer_sigint: bool = False):
                 print(f"\n{what}. To resume, rerun the same command: {rerun_command()}",
                       file=sys.stderr, flush=True)
                 sys.exit(interrupt.EXIT_CODE)
-            except (DiskFullError, CheckpointError, CorruptMetricsError) as e:
-                print(f"error: {_first_line(e, 2000)}", file=sys.stderr, flush=True)
-                sys.exit(1)
             except Exception as e:  # noqa: BLE001 -- the top level: anything else is a bug
+                if isinstance(e, (CheckpointError, CorruptMetricsError)) or is_disk_full(e):
+                    print(f"error: {_first_line(e, 2000)}", file=sys.stderr, flush=True)
+                    sys.exit(1)
                 path = write_traceback(e)
                 print(f"error: unexpected {type(e).__name__}: {_first_line(e)} (full "
                       f"traceback in {path}). This is a bug: please report it.",
