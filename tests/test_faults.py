@@ -439,11 +439,13 @@ def fast_runs(env):
     return _run_scenarios(env, "fast", FAST + [CORRUPT, BITFLIP] + SIGINT)
 
 
+@pytest.mark.timeout(1200)  # the first one builds fast_runs: 16 children
 @pytest.mark.parametrize("point, n", FAST)
 def test_sigkill_then_resume_equals_uninterrupted(fast_runs, point, n):
     _outcome(fast_runs[(point, n)])
 
 
+@pytest.mark.timeout(1200)  # the first one builds fast_runs: 16 children
 def test_corrupt_latest_checkpoint_falls_back_and_run_ends_identical(fast_runs):
     """The resume warns naming step 4 and its path, moves it aside, resumes from 2, and ends
     exactly as the uninterrupted run (checked by _resume_and_check)."""
@@ -453,6 +455,7 @@ def test_corrupt_latest_checkpoint_falls_back_and_run_ends_identical(fast_runs):
     assert os.path.isdir(ck_dir + ".corrupt/4")
 
 
+@pytest.mark.timeout(1200)  # the first one builds fast_runs: 16 children
 def test_bit_flip_in_latest_checkpoint_is_caught_by_its_checksum(fast_runs):
     """One flipped bit in step 4's array data: the restore names the checksum mismatch, moves
     step 4 aside, resumes from 2 and ends exactly as the uninterrupted run."""
@@ -463,6 +466,7 @@ def test_bit_flip_in_latest_checkpoint_is_caught_by_its_checksum(fast_runs):
     assert os.path.isdir(ck_dir + ".corrupt/4")
 
 
+@pytest.mark.timeout(1200)  # the first one builds fast_runs: 16 children
 @pytest.mark.parametrize("point, n", SIGINT)
 def test_ctrl_c_exits_130_then_resume_equals_uninterrupted(fast_runs, point, n):
     """Exit 130 with one line saying how to resume and no traceback (checked by _crash); the
