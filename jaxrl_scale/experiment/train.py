@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import time
+import warnings
 from typing import Any
 
 import jax
@@ -451,7 +452,6 @@ def read_sealed_json(path: str) -> dict | None:
         why = "its sha256 does not match its contents"
     if ok:
         return d
-    import warnings
     warnings.warn(f"Cache file {path} is corrupt ({why}); moved to {path}.corrupt and "
                   f"recomputed.", RuntimeWarning, stacklevel=2)
     os.replace(path, path + ".corrupt")
@@ -488,7 +488,8 @@ def _train(cfg: TrainConfig, progress: bool, stop_after_steps: int | None,
     records are written, a checkpoint is saved at it, then Interrupted is raised."""
     run = Run(cfg)
     if stop_requested():
-        raise interrupt.Interrupted("stopped while loading the data and model; nothing new was trained")
+        raise interrupt.Interrupted("stopped while loading the data and model; nothing new "
+                                    "was trained")
     update, compile_s = run.compile()   # a Ctrl-C here waits for the compile (see interrupt.py)
     if stop_requested():
         raise interrupt.Interrupted("stopped after compiling; nothing new was trained")
