@@ -65,6 +65,17 @@ def is_finished(run_dir: str) -> bool:
     return os.path.exists(os.path.join(run_dir, DONE_FILE))
 
 
+def _done_counters(run_dir: str) -> dict[str, Any] | None:
+    """The final counters a finished run wrote to DONE.json; None when it has none that read
+    (then the run is finished again from its last checkpoint, which rewrites the file)."""
+    try:
+        with open(os.path.join(run_dir, DONE_FILE)) as f:
+            done = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return done if isinstance(done, dict) and "step" in done else None
+
+
 def claim_run_dir(cfg: TrainConfig):
     """Create the run directory, prove it writable and lock it for this process (a context
     manager; process 0 locks, the others only check). ConfigError("run_dir", ...) when it
@@ -473,10 +484,9 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
     config.json, metrics.jsonl, the metric writers and DONE.json.
     """
     check_resume(cfg)   # a directory of another configuration is refused, before any work
-    done_path = os.path.join(cfg.run_dir, DONE_FILE)
-    if os.path.exists(done_path):   # nothing to do, nothing to write (it may be read-only)
-        with open(done_path) as f:
-            return {**json.load(f), "finished": True}
+    done = _done_counters(cfg.run_dir)
+    if done is not None:   # nothing to do, nothing to write (the directory may be read-only)
+        return {**done, "finished": True}
     with claim_run_dir(cfg):   # writable and ours, before data, model and compile
         return _train(cfg, progress, stop_after_steps, eval0_cache)
 
