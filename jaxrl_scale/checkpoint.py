@@ -10,11 +10,20 @@ What a crash can do to the checkpoint directory, and what this module makes of i
     the caller start over on top of a run's existing metrics.
   - disk full while saving: one `DiskFullError` naming the directory and the fix; the
     partial step is removed and the previous checkpoint stays restorable.
+  - a finished checkpoint whose bytes changed (bit flips on disk or in a copy): orbax reads
+    them without complaint (flipped exponent bits restore as a silently destroyed model), so
+    every save is sealed with the sha256 of each file it wrote, array data included
+    (`<step>/sha256.json`, written atomically once the step is complete), and a restore
+    checks them first: a mismatch is a corrupt checkpoint, handled as an unreadable one.
+    Files, not array values, are hashed: the digest needs no gather of sharded arrays and
+    still holds when a run resumes on another mesh or process count.
 """
 from __future__ import annotations
 
 import errno
 import glob
+import hashlib
+import json
 import os
 import shutil
 import threading
@@ -33,8 +42,15 @@ _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded")
 
 
+DIGEST_FILE = "sha256.json"   # in each step directory: {"files": {relative path: sha256}}
+
+
 class CheckpointError(RuntimeError):
     """No checkpoint of a directory that has some can be restored (the run cannot resume)."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint's files differ from the digests written when it was saved."""
 
 
 class DiskFullError(OSError):
@@ -120,6 +136,9 @@ class Checkpointer:
                 f"Orbax did not save step {step} in {self.directory}: its latest step is "
                 f"{self.latest_step()}. Steps must increase; a resumed run continues from the "
                 f"latest checkpoint.")
+        if dist.is_primary():   # the files of every process are complete and in place
+            seal(self._step_dir(step))
+        dist.barrier("checkpoint_seal")
 
     def _discard_partial(self, step: int, threads_before: set) -> None:
         """Remove what a failed save of `step` wrote, once orbax's writer threads are done
@@ -166,6 +185,13 @@ class Checkpointer:
             f"rewritten from scratch).") from last_error
 
     def _restore(self, step: int, like: Any) -> tuple[Any, dict]:
+        problem = check_sealed(self._step_dir(step))
+        if problem == UNSEALED:
+            warnings.warn(f"Checkpoint step {step} at {self._step_dir(step)} has no "
+                          f"{DIGEST_FILE} (saved before checksums, or killed between the save "
+                          f"and its seal); restored unverified.", RuntimeWarning, stacklevel=3)
+        elif problem:
+            raise CorruptCheckpointError(problem)
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
         out = self._mngr.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
@@ -194,6 +220,58 @@ class Checkpointer:
         self._mngr.close()
 
 
+UNSEALED = "unsealed"   # check_sealed's answer for a step without a digest file
+
+
+def file_digests(root: str) -> dict[str, str]:
+    """sha256 of every file under `root` (relative path -> hex digest), the digest file aside."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root)
+            if rel == DIGEST_FILE:
+                continue
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            out[rel] = h.hexdigest()
+    return out
+
+
+def seal(step_dir: str) -> None:
+    """Write `<step_dir>/sha256.json`: the digest of each file of a finished checkpoint
+    (through a temporary file and a rename: a kill leaves no half digest file)."""
+    from jaxrl_scale.numbers import write_json
+    write_json(os.path.join(step_dir, DIGEST_FILE),
+               {"algorithm": "sha256", "files": file_digests(step_dir)}, indent=1)
+
+
+def check_sealed(step_dir: str) -> str | None:
+    """None when every file recorded in the step's digest file is there with its digest;
+    UNSEALED without a digest file; else what differs (the first files), one line."""
+    path = os.path.join(step_dir, DIGEST_FILE)
+    if not os.path.exists(path):
+        return UNSEALED
+    try:
+        with open(path) as f:
+            want = json.load(f)["files"]
+        if not isinstance(want, dict) or not want:
+            raise ValueError("no files listed")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"its digest file {path} is unreadable ({type(e).__name__}: {_short(e)})"
+    have = file_digests(step_dir)
+    bad = sorted(k for k, v in want.items() if have.get(k) != v)
+    if not bad:
+        return None
+    missing = [k for k in bad if k not in have]
+    shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+    return (f"checksum mismatch in {len(bad)} of {len(want)} files of {step_dir} "
+            f"({len(missing)} missing): {shown}")
+
+
 def _short(e: BaseException, n: int = 300) -> str:
     s = str(e).splitlines()[0] if str(e) else ""
     return s if len(s) <= n else s[:n] + "..."
@@ -212,6 +290,16 @@ def save_pytree(directory: str, tree: Any, meta: dict | None = None) -> None:
                               f"Fix: delete it or save to another directory.")
     ck.save(0, tree, meta)
     ck.close()
+
+
+def check_pytree(directory: str) -> str | None:
+    """What is wrong with a `save_pytree` directory (its step 0), or None when its files match
+    their digests (or it predates digests). For caches: check before reuse, rebuild if bad."""
+    step_dir = os.path.join(os.path.abspath(directory), "0")
+    if not os.path.isdir(step_dir):
+        return f"{directory} holds no checkpoint"
+    problem = check_sealed(step_dir)
+    return None if problem == UNSEALED else problem
 
 
 def load_pytree(directory: str, like: Any) -> tuple[Any, dict]:

@@ -494,3 +494,151 @@ def test_moe_bench_bad_flags_one_line(arg, field):
     assert res.returncode == 2, res.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith(f"error: {field}: "), lines
     assert ". Fix: " in lines[0]
+
+# ------------------------------------------------------------------ run directory (issue 29)
+
+_HOLDER = ("import sys, time; from jaxrl_scale.experiment.rundir import RunDirLock; "
+           "RunDirLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(120)")
+
+
+def test_train_unusable_run_dir_one_line_before_anything(tmp_path):
+    """A run dir under a file, or one another process trains in: one line on run_dir, exit 2,
+    in seconds (before the warm-start, data, model and compile); the holder's pid is named."""
+    (tmp_path / "a_file").write_text("")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(locked)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        rows = [("--run_dir={file}/run", "run_dir"), ("--run_dir={locked}", "run_dir"),
+                ("--run_dir={locked} --warmstart=false", "run_dir")]
+        results = _table(tmp_path, "jaxrl_scale.cli.train", rows, file=tmp_path / "a_file",
+                         locked=locked)
+    finally:
+        holder.kill()
+        holder.wait()
+    _check(results, rows)
+    assert "cannot write in" in results[0]["stderr"]
+    assert f"in use by another training (process {holder.pid} on " in results[1]["stderr"]
+    assert not (tmp_path / "data").exists()
+
+
+def test_sweep_unwritable_sweep_dir_one_line(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    rows = [("--prompts=8,16 --base_prompts=16 --fixed_prompts= --sweep_dir={file}/sweep",
+             "sweep_dir")]
+    _check(_table(tmp_path, "jaxrl_scale.cli.sweep", rows, file=tmp_path / "a_file"), rows)
+
+
+# ------------------------------------------------------------------ the top level (issue 29)
+
+def _guarded_exit(main, capsys, **kw):
+    from jaxrl_scale.cli import guarded
+    with pytest.raises(SystemExit) as e:
+        guarded(main, **kw)([])
+    err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+    return e.value.code, err
+
+
+def test_unexpected_exception_is_one_line_and_a_traceback_file(tmp_path, capsys,
+                                                               monkeypatch):
+    import jaxrl_scale.cli as cli
+
+    def buggy(argv):
+        return {}["missing"]
+
+    for error_dir in (None, str(tmp_path)):   # no run dir known yet: a temporary file
+        monkeypatch.setattr(cli, "_error_dir", error_dir)
+        code, err = _guarded_exit(buggy, capsys)
+        assert code == 1 and len(err) == 1, err
+        line = err[0]
+        assert line.startswith("error: unexpected KeyError: 'missing' (full traceback in ")
+        assert line.endswith("). This is a bug: please report it.")
+        path = line.split("(full traceback in ")[1].split("). This is")[0]
+        if error_dir:
+            assert os.path.dirname(path) == error_dir
+        text = open(path).read()
+        assert "Traceback (most recent call last)" in text and "in buggy" in text
+        os.remove(path)
+
+
+def test_known_failures_keep_their_own_line_and_code(capsys):
+    """Ctrl-C: exit 130 and how to resume; a full disk or damaged checkpoint: its own line
+    (it says what to do), exit 1, no 'bug'; a bad input: exit 2 as before."""
+    import errno
+    from jaxrl_scale.checkpoint import CheckpointError
+    from jaxrl_scale.cli import one_line_errors
+    from jaxrl_scale.experiment.config import ConfigError
+    from jaxrl_scale.interrupt import Interrupted
+
+    def raising(exc):
+        def main(argv):
+            with one_line_errors():
+                raise exc
+        return main
+
+    cases = [
+        (KeyboardInterrupt(), 130, "interrupted. To resume, rerun the same command: "),
+        (Interrupted("stopped after step 3 of r; checkpoint step 3 saved"), 130,
+         "interrupted: stopped after step 3 of r; checkpoint step 3 saved. To resume, rerun"),
+        (OSError(errno.ENOSPC, "Disk full while appending to m.jsonl. Fix: free space"), 1,
+         "error: [Errno 28] Disk full while appending to m.jsonl. Fix: free space"),
+        (CheckpointError("No checkpoint in d can be restored"), 1,
+         "error: No checkpoint in d can be restored"),
+        (ConfigError("seed", "must be >= 0", "pass 0 or more"), 2,
+         "error: seed: must be >= 0. Fix: pass 0 or more."),
+    ]
+    for exc, want_code, start in cases:
+        code, err = _guarded_exit(raising(exc), capsys)
+        assert code == want_code and len(err) == 1 and err[0].startswith(start), (exc, err)
+        assert "bug" not in err[0]
+
+
+_EVERY_COMMAND = """
+import sys
+import {module} as m
+def main(argv):
+    raise RuntimeError("planted")
+m.main = main
+sys.argv = ["cmd"]
+m.run()
+"""
+
+
+def _script_modules():
+    import tomllib
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        scripts = tomllib.load(f)["project"]["scripts"]
+    return {name: target.split(":") for name, target in scripts.items()}
+
+
+def test_every_command_runs_through_the_shared_top_level():
+    """Each console script's entry function calls cli.run_main (hence `guarded`); the slow
+    test below plants a bug in each and runs it."""
+    import ast
+    for name, (module, func) in _script_modules().items():
+        path = os.path.join(ROOT, *module.split(".")) + ".py"
+        tree = ast.parse(open(path).read())
+        entry = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == func]
+        assert entry, (name, func)
+        calls = [c.func.id for c in ast.walk(entry[0])
+                 if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)]
+        assert calls == ["run_main"], (name, calls)
+
+
+@pytest.mark.slow
+def test_every_command_reports_an_unexpected_exception_in_one_line(tmp_path):
+    """Each console script's run() goes through the shared top level (a planted bug in its
+    main: one line, exit 1, the traceback in a file)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TMPDIR=str(tmp_path))
+    procs = {name: subprocess.Popen(
+        [sys.executable, "-c", _EVERY_COMMAND.format(module=module)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+        for name, (module, _) in _script_modules().items()}
+    for name, p in procs.items():
+        out, err = p.communicate(timeout=300)
+        lines = [l for l in err.splitlines() if l.strip()]
+        assert p.returncode == 1 and len(lines) == 1, (name, err[-2000:])
+        assert lines[0].startswith("error: unexpected RuntimeError: planted (full traceback "
+                                   f"in {tmp_path}"), (name, lines)

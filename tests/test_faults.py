@@ -27,12 +27,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from jaxrl_scale.checkpoint import CheckpointError, Checkpointer, DiskFullError, is_disk_full
+from jaxrl_scale.checkpoint import (DIGEST_FILE, CheckpointError, Checkpointer, DiskFullError,
+                                    check_pytree, is_disk_full, load_pytree, save_pytree)
 from jaxrl_scale.experiment import metrics as metrics_mod
 from jaxrl_scale.experiment.metrics import CorruptMetricsError, MetricsLog
 
@@ -99,6 +101,26 @@ def install_fault(point: str, n: int) -> None:
                 _die()
             return real_rollout(self, *a, **kw)
         train.Run.rollout = rollout
+    elif point == "sigint_compile":  # Ctrl-C while the update compiles (issue 29's segfault)
+        real_compile = train.Run.compile
+
+        def compile_sigint(self):
+            # from a thread, 50 ms in: the signal lands while jax traces, lowers and compiles
+            threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+            return real_compile(self)
+        train.Run.compile = compile_sigint
+    elif point == "sigint_update":  # Ctrl-C while the n-th update runs
+        real_compile = train.Run.compile
+
+        def compile_(self):
+            step, seconds = real_compile(self)
+
+            def step_with_sigint(*args):
+                if hit():
+                    os.kill(os.getpid(), signal.SIGINT)  # handled when the update returns
+                return step(*args)
+            return step_with_sigint, seconds
+        train.Run.compile = compile_
     elif point == "update":      # the update has changed the state in memory, nothing saved
         real_compile = train.Run.compile
 
@@ -200,7 +222,12 @@ tf.digit_reward()
 if spec["point"]:
     tf.install_fault(spec["point"], spec["n"])
 from jaxrl_scale.experiment.train import run_training
-run_training(tf.fault_cfg(spec["run_dir"], spec["data_dir"]), progress=False)
+cfg = tf.fault_cfg(spec["run_dir"], spec["data_dir"])
+if (spec["point"] or "").startswith("sigint"):   # as the commands run it (Ctrl-C deferred)
+    from jaxrl_scale.cli import guarded
+    guarded(lambda argv: run_training(cfg, progress=False), defer_sigint=True)([])
+else:
+    run_training(cfg, progress=False)
 """
 
 
@@ -303,7 +330,13 @@ def _crash(env, name, point, n):
     one-line disk-full error); return what the crash left: finished checkpoints, records."""
     run_dir = env["root"] / name
     res = _child(run_dir, env["data"], env["cache"], point, n)
-    if point.startswith("enospc"):
+    if point.startswith("sigint"):  # a clean stop: exit 130, one line, no traceback
+        assert res.returncode == 130, (point, n, res.returncode, res.stderr[-3000:])
+        assert "Traceback" not in res.stderr and "Fatal Python error" not in res.stderr
+        last = res.stderr.strip().splitlines()[-1]
+        assert last.startswith("interrupted: stopped ") and \
+            "To resume, rerun the same command: " in last, res.stderr[-3000:]
+    elif point.startswith("enospc"):
         assert res.returncode == 1, (point, n, res.returncode, res.stderr[-3000:])
         last = res.stderr.strip().splitlines()[-1]  # the error's own line names all three
         assert "Disk full" in last and "Fix: free space" in last, res.stderr[-3000:]
@@ -345,7 +378,7 @@ def _scenario(env, prefix, case):
     point, n = case
     name = f"{prefix}_{point}_{n}"
     try:
-        crashed = _corrupt_copy_of_reference(env, name) if point == "corrupt_latest" else \
+        crashed = _corrupt_copy_of_reference(env, name, point) if point in CORRUPTIONS else \
             _crash(env, name, point, n)
         return crashed, _resume_and_check(env, crashed)
     except BaseException as e:  # noqa: B902 -- handed to the test's thread
@@ -363,10 +396,20 @@ def _outcome(r):
     return r
 
 
-def _corrupt_copy_of_reference(env, name):
+def flip_byte(path, at=0.5):
+    """Flip one bit of the byte `at` of the way into `path` (the file keeps its size)."""
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        data[int(len(data) * at)] ^= 0x40
+        f.seek(0)
+        f.write(bytes(data))
+
+
+def _corrupt_copy_of_reference(env, name, how="corrupt_latest"):
     """The reference run as a crash right after its last save would leave it (checkpoints 2
     and 4, no DONE.json), with checkpoint 4's largest array file then cut in half (a copy cut
-    short, a disk fault)."""
+    short, a disk fault) or, for "bitflip_latest", one bit flipped in its middle (orbax reads
+    that file without complaint: only the checksum notices)."""
     run_dir = env["root"] / name
     shutil.copytree(env["root"] / "reference", run_dir)
     os.remove(run_dir / "DONE.json")
@@ -374,25 +417,35 @@ def _corrupt_copy_of_reference(env, name):
     files = [f for f in glob.glob(str(run_dir / "checkpoints" / "4" / "state" / "**"),
                                   recursive=True) if os.path.isfile(f) and "/d/" in f]
     path = max(files, key=os.path.getsize)
-    with open(path, "r+b") as f:
-        f.truncate(os.path.getsize(path) // 2)
+    if how == "bitflip_latest":
+        flip_byte(path)
+    else:
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
     records = MetricsLog(os.path.join(run_dir, "metrics.jsonl")).read()
     return dict(run_dir=str(run_dir), finished=[2], records=records)  # 4 is lost: from 2
 
 
 CORRUPT = ("corrupt_latest", 4)
+BITFLIP = ("bitflip_latest", 4)
+CORRUPTIONS = ("corrupt_latest", "bitflip_latest")
+# Ctrl-C while the update compiles (the step-0 eval not run yet: a restart from scratch) and
+# during update 3 (it finishes, a checkpoint is saved at step 3, the resume continues there).
+SIGINT = [("sigint_compile", 1), ("sigint_update", 3)]
 
 
 @pytest.fixture(scope="module")
 def fast_runs(env):
-    return _run_scenarios(env, "fast", FAST + [CORRUPT])
+    return _run_scenarios(env, "fast", FAST + [CORRUPT, BITFLIP] + SIGINT)
 
 
+@pytest.mark.timeout(1200)  # the first one builds fast_runs: 16 children
 @pytest.mark.parametrize("point, n", FAST)
 def test_sigkill_then_resume_equals_uninterrupted(fast_runs, point, n):
     _outcome(fast_runs[(point, n)])
 
 
+@pytest.mark.timeout(1200)  # the first one builds fast_runs: 16 children
 def test_corrupt_latest_checkpoint_falls_back_and_run_ends_identical(fast_runs):
     """The resume warns naming step 4 and its path, moves it aside, resumes from 2, and ends
     exactly as the uninterrupted run (checked by _resume_and_check)."""
@@ -400,6 +453,30 @@ def test_corrupt_latest_checkpoint_falls_back_and_run_ends_identical(fast_runs):
     ck_dir = os.path.join(crashed["run_dir"], "checkpoints")
     assert f"Checkpoint step 4 at {os.path.join(ck_dir, '4')} cannot be restored" in res.stderr
     assert os.path.isdir(ck_dir + ".corrupt/4")
+
+
+@pytest.mark.timeout(1200)  # the first one builds fast_runs: 16 children
+def test_bit_flip_in_latest_checkpoint_is_caught_by_its_checksum(fast_runs):
+    """One flipped bit in step 4's array data: the restore names the checksum mismatch, moves
+    step 4 aside, resumes from 2 and ends exactly as the uninterrupted run."""
+    crashed, res = _outcome(fast_runs[BITFLIP])
+    ck_dir = os.path.join(crashed["run_dir"], "checkpoints")
+    assert f"Checkpoint step 4 at {os.path.join(ck_dir, '4')} cannot be restored " \
+           "(CorruptCheckpointError: checksum mismatch in 1 of" in res.stderr
+    assert os.path.isdir(ck_dir + ".corrupt/4")
+
+
+@pytest.mark.timeout(1200)  # the first one builds fast_runs: 16 children
+@pytest.mark.parametrize("point, n", SIGINT)
+def test_ctrl_c_exits_130_then_resume_equals_uninterrupted(fast_runs, point, n):
+    """Exit 130 with one line saying how to resume and no traceback (checked by _crash); the
+    interrupted update finished and was checkpointed; the resume ends as the reference."""
+    crashed, _ = _outcome(fast_runs[(point, n)])
+    if point == "sigint_update":
+        assert crashed["finished"] == [2, 3]   # step 3 saved at the Ctrl-C
+        assert _order(crashed["records"]) == EXPECTED_ORDER[:5]
+    else:
+        assert crashed["finished"] == [] and crashed["records"] == []
 
 
 def _slow_points(k=10, seed=0):
@@ -586,3 +663,184 @@ def test_disk_full_is_recognised_through_wrapping():
         assert is_disk_full(outer)
     assert is_disk_full(ValueError("DATA_LOSS: ... No space left on device [OS error: 28]"))
     assert not is_disk_full(OSError(errno.EACCES, "Permission denied"))
+
+
+# ------------------------------------------------------------------ checksums
+
+def _random_tree(x):
+    """Random values: their compressed bytes are not constant, as real params are not."""
+    import jax.numpy as jnp
+    rng = np.random.default_rng(x)
+    return {"w": jnp.asarray(rng.standard_normal((64, 8)), jnp.float32),
+            "b": {"c": jnp.arange(16.0) + x}}
+
+
+def _largest_array_file(step_dir):
+    files = [f for f in glob.glob(f"{step_dir}/state/**", recursive=True)
+             if os.path.isfile(f) and "/d/" in f]
+    return max(files, key=os.path.getsize)
+
+
+def test_bit_flip_restores_silently_without_checksum_and_is_caught_with_it(tmp_path):
+    import jax
+    import orbax.checkpoint as ocp
+    d = str(tmp_path / "ck")
+    ck = Checkpointer(d, max_to_keep=3)
+    for s in (2, 4):
+        ck.save(s, _random_tree(s), {"step": s})
+        assert os.path.exists(f"{d}/{s}/{DIGEST_FILE}")
+    flip_byte(_largest_array_file(f"{d}/4"))
+    # the fault is the silent kind: orbax alone restores other numbers without a word
+    like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _random_tree(0))
+    with ocp.StandardCheckpointer() as c:
+        silent = c.restore(f"{d}/4/state", like)
+    assert not np.array_equal(np.asarray(silent["w"]), np.asarray(_random_tree(4)["w"]))
+    with pytest.warns(RuntimeWarning) as rec:
+        tree, meta = Checkpointer(d).restore(None, _random_tree(0))
+    np.testing.assert_array_equal(np.asarray(tree["w"]), np.asarray(_random_tree(2)["w"]))
+    assert meta == {"step": 2}
+    assert "step 4" in str(rec[0].message) and "checksum mismatch in 1 of" in str(rec[0].message)
+    assert os.listdir(d + ".corrupt") == ["4"]
+    with pytest.raises(CheckpointError, match="checksum mismatch"):   # an explicit step too
+        flip_byte(_largest_array_file(f"{d}/2"))
+        Checkpointer(d).restore(2, _random_tree(0))
+
+
+def test_checkpoint_without_digest_file_restores_with_a_warning(tmp_path):
+    """A save killed between orbax's commit and the digest file (or one written before
+    checksums existed) is complete as far as orbax knows: it is used, unverified, with a word."""
+    d = str(tmp_path / "ck")
+    Checkpointer(d).save(2, _random_tree(2))
+    os.remove(f"{d}/2/{DIGEST_FILE}")
+    with pytest.warns(RuntimeWarning, match="restored unverified"):
+        tree, _ = Checkpointer(d).restore(None, _random_tree(0))
+    np.testing.assert_array_equal(np.asarray(tree["w"]), np.asarray(_random_tree(2)["w"]))
+
+
+def test_damaged_digest_file_is_a_corrupt_checkpoint(tmp_path):
+    d = str(tmp_path / "ck")
+    Checkpointer(d).save(2, _random_tree(2))
+    with open(f"{d}/2/{DIGEST_FILE}", "w") as f:
+        f.write('{"files": ')
+    with pytest.raises(CheckpointError, match="digest file .* is unreadable"):
+        Checkpointer(d).restore(2, _random_tree(0))
+
+
+def test_sft_cache_entry_with_a_flipped_bit_is_set_aside_and_retrained(tmp_path, monkeypatch):
+    """sft_warmstart checks a cached entry's digests before handing it out: a corrupt entry is
+    moved aside and trained again (here a stand-in trainer), never reused."""
+    from jaxrl_scale.experiment import sft
+    cfg = sft.SFTConfig(cache_dir=str(tmp_path / "cache"))
+    trained = []
+
+    def fake_train(cfg, out_dir, info_path, progress):
+        trained.append(out_dir)
+        save_pytree(os.path.join(out_dir, "params"), _random_tree(len(trained)))
+        with open(info_path, "w") as f:
+            json.dump({"accuracy": 0.3}, f)
+        return os.path.join(out_dir, "params"), {"accuracy": 0.3}
+
+    monkeypatch.setattr(sft, "_train", fake_train)
+    path, _ = sft.sft_warmstart(cfg)
+    assert sft.sft_warmstart(cfg)[0] == path and len(trained) == 1   # a good entry is reused
+    flip_byte(_largest_array_file(os.path.join(path, "0")))
+    assert "checksum mismatch" in check_pytree(path)
+    with pytest.warns(RuntimeWarning, match="is corrupt .*checksum mismatch"):
+        assert sft.sft_warmstart(cfg)[0] == path
+    assert len(trained) == 2 and os.path.isdir(os.path.dirname(path) + ".corrupt")
+    tree, _ = load_pytree(path, _random_tree(0))
+    np.testing.assert_array_equal(np.asarray(tree["w"]), np.asarray(_random_tree(2)["w"]))
+
+
+def test_step0_eval_cache_with_a_changed_byte_is_recomputed(tmp_path):
+    from jaxrl_scale.experiment.train import read_sealed_json, sealed
+    from jaxrl_scale.numbers import write_json
+    path = str(tmp_path / "eval0.json")
+    payload = {"key": {"seed": 0}, "eval": {"score": 0.25, "eval_n": 16}}
+    write_json(path, sealed(payload))
+    assert read_sealed_json(path) == payload
+    with open(path) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write(text.replace("0.25", "0.75"))   # still valid JSON, another score
+    with pytest.warns(RuntimeWarning, match="sha256 does not match"):
+        assert read_sealed_json(path) is None
+    assert not os.path.exists(path) and os.path.exists(path + ".corrupt")
+    with open(path, "w") as f:
+        f.write('{"key": ')                       # torn
+    with pytest.warns(RuntimeWarning, match="JSONDecodeError"):
+        assert read_sealed_json(path) is None
+    assert read_sealed_json(path) is None         # gone: the caller recomputes and writes
+
+
+# ------------------------------------------------------------------ the run directory
+
+_HOLDER = """
+import sys, time
+from jaxrl_scale.experiment.rundir import RunDirLock
+RunDirLock(sys.argv[1]).acquire()
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def _hold_lock(run_dir):
+    os.makedirs(run_dir, exist_ok=True)
+    p = subprocess.Popen([sys.executable, "-c", _HOLDER, str(run_dir)], stdout=subprocess.PIPE,
+                         text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_second_training_in_a_run_dir_is_refused_naming_the_holder(tmp_path):
+    """Another process trains in the directory: run_training refuses with the holder's pid
+    before loading anything; once the holder dies (SIGKILL: no cleanup), the lock is free."""
+    from jaxrl_scale.experiment.config import ConfigError
+    from jaxrl_scale.experiment.rundir import RunDirLock
+    from jaxrl_scale.experiment.train import run_training
+    run_dir, data = tmp_path / "run", tmp_path / "data"
+    holder = _hold_lock(run_dir)
+    try:
+        with pytest.raises(ConfigError, match=rf"^run_dir: .* in use by another training "
+                                              rf"\(process {holder.pid} on "):
+            run_training(fault_cfg(run_dir, data), progress=False)
+        assert not data.exists()                  # refused before the data was built
+    finally:
+        holder.kill()
+        holder.wait()
+    with RunDirLock(str(run_dir)):              # released by the OS with its holder
+        with RunDirLock(str(run_dir)):          # reentrant within a process
+            pass
+
+
+def test_unwritable_run_dir_is_refused_before_loading_anything(tmp_path):
+    """A run dir under a file (and, when not root, a read-only directory): one ConfigError on
+    run_dir, before the data is built."""
+    from jaxrl_scale.experiment.config import ConfigError
+    from jaxrl_scale.experiment.train import run_training
+    (tmp_path / "a_file").write_text("")
+    data = tmp_path / "data"
+    cases = [tmp_path / "a_file" / "run"]
+    if os.geteuid() != 0:   # root writes through a chmod
+        ro = tmp_path / "read_only"
+        ro.mkdir()
+        ro.chmod(0o555)
+        cases.append(ro / "run")
+    for run_dir in cases:
+        with pytest.raises(ConfigError, match=r"^run_dir: cannot write in .*Fix: "):
+            run_training(fault_cfg(run_dir, data), progress=False)
+    assert not data.exists()
+
+
+def test_finished_run_is_reported_without_writing(env, tmp_path):
+    """A finished run returns its final counters at once: nothing loaded, compiled or
+    written (config.json untouched, no lock file), so a read-only copy works too."""
+    from jaxrl_scale.experiment.train import run_training
+    run_dir = tmp_path / "finished"
+    shutil.copytree(env["root"] / "reference", run_dir)
+    before = {p: os.stat(p).st_mtime_ns for p in glob.glob(f"{run_dir}/**", recursive=True)}
+    out = run_training(fault_cfg(run_dir, tmp_path / "no_data"), progress=False)
+    assert out["finished"] and out["step"] == MAX_STEPS
+    assert {p: os.stat(p).st_mtime_ns for p in glob.glob(f"{run_dir}/**", recursive=True)} \
+        == before
+    assert not (tmp_path / "no_data").exists()

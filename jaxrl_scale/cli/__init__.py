@@ -6,13 +6,95 @@ the same modules as scripts. Only these modules read flags (the library never do
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
+import shlex
 import sys
+import tempfile
+import time
+import traceback
+
+# Where a command writes the traceback of an unexpected exception: set by the command once it
+# knows its run (or sweep) directory (`set_error_dir`); a temporary file otherwise.
+_error_dir: str | None = None
 
 
-def run_main(main, module_name: str) -> None:
-    """absl's app.run(main) for a console script: `--help` shows this module's flags and
-    docstring (absl lists the flags of the module it sees as __main__, the installed
-    wrapper script, not the module that defined them)."""
+def set_error_dir(path: str) -> None:
+    global _error_dir
+    _error_dir = path
+
+
+def rerun_command(argv: list[str] | None = None) -> str:
+    """The command line that started this process, as a user would type it again."""
+    argv = list(sys.argv if argv is None else argv)
+    head = ["python", argv[0]] if argv[0].endswith(".py") else [os.path.basename(argv[0])]
+    return shlex.join(head + argv[1:])
+
+
+def write_traceback(exc: BaseException) -> str:
+    """The full traceback of `exc` in <error dir>/crash-<UTC time>-<pid>.txt (a temporary
+    file when there is no error dir or it cannot be written); returns its path."""
+    text = (f"command: {rerun_command()}\n"
+            + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    name = f"crash-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}.txt"
+    if _error_dir:
+        try:
+            path = os.path.join(_error_dir, name)
+            with open(path, "w") as f:
+                f.write(text)
+            return path
+        except OSError:
+            pass
+    fd, path = tempfile.mkstemp(prefix="jaxrl_scale-crash-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
+
+
+def _first_line(exc: BaseException, n: int = 300) -> str:
+    lines = str(exc).strip().splitlines()
+    s = lines[0] if lines else ""
+    return s if len(s) <= n else s[:n] + "..."
+
+
+def guarded(main, defer_sigint: bool = False):
+    """`main` as every command's top level runs it: a Ctrl-C ends it with one line saying how
+    to resume and exit 130 (with defer_sigint, the first Ctrl-C only asks the training loop
+    to stop at its next clean point: interrupt.py); an error of the run's environment that
+    already says what to do (disk full, a damaged checkpoint or metrics file) is one line and
+    exit 1; any other exception is a bug: one line naming the file its traceback was written
+    to, and exit 1. ConfigError (exit 2) is the commands' own `one_line_errors`."""
+    from jaxrl_scale import interrupt
+
+    @functools.wraps(main)
+    def wrapped(argv):
+        from jaxrl_scale.checkpoint import CheckpointError, is_disk_full
+        from jaxrl_scale.experiment.metrics import CorruptMetricsError
+        with interrupt.deferred_sigint() if defer_sigint else contextlib.nullcontext():
+            try:
+                return main(argv)
+            except KeyboardInterrupt as e:   # interrupt.Interrupted, or a plain Ctrl-C
+                what = f"interrupted: {_first_line(e)}" if str(e) else "interrupted"
+                print(f"\n{what}. To resume, rerun the same command: {rerun_command()}",
+                      file=sys.stderr, flush=True)
+                sys.exit(interrupt.EXIT_CODE)
+            except Exception as e:  # noqa: BLE001 -- the top level: anything else is a bug
+                if isinstance(e, (CheckpointError, CorruptMetricsError)) or is_disk_full(e):
+                    print(f"error: {_first_line(e, 2000)}", file=sys.stderr, flush=True)
+                    sys.exit(1)
+                path = write_traceback(e)
+                print(f"error: unexpected {type(e).__name__}: {_first_line(e)} (full "
+                      f"traceback in {path}). This is a bug: please report it.",
+                      file=sys.stderr, flush=True)
+                sys.exit(1)
+    return wrapped
+
+
+def run_main(main, module_name: str, *, defer_sigint: bool = False) -> None:
+    """absl's app.run(main) for a console script, through `guarded`: `--help` shows this
+    module's flags and docstring (absl lists the flags of the module it sees as __main__,
+    the installed wrapper script, not the module that defined them). defer_sigint: the
+    command's loops poll interrupt.requested() (train, sweep, sft)."""
     from absl import app, flags
     module = sys.modules[module_name]
     # flagdefs (and this module) define flags on behalf of the one command imported in a process
@@ -22,7 +104,7 @@ def run_main(main, module_name: str) -> None:
     main_mod = sys.modules.get("__main__")
     if main_mod is not None and main_mod is not module:
         main_mod.__doc__ = module.__doc__
-    app.run(main)
+    app.run(guarded(main, defer_sigint))
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ def main(argv):
 
 def run():
     """Console-script entry point."""
-    run_main(main, __name__)
+    run_main(main, __name__, defer_sigint=True)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,9 @@ import sys
 
 from absl import flags
 
-from jaxrl_scale.cli import flagdefs, one_line_errors, print_summary, quiet_logging, run_main
+from jaxrl_scale.cli import (flagdefs, one_line_errors, print_summary, quiet_logging, run_main,
+                             set_error_dir)
+from jaxrl_scale.experiment.rundir import prepare_run_dir
 from jaxrl_scale.experiment.config import TrainConfig
 from jaxrl_scale.experiment.sft import SFTConfig, sft_config_for, sft_path, sft_warmstart
 from jaxrl_scale.experiment.sweep import (EXIT_RUNS_FAILED, STUDIES, SweepConfig, all_runs,
@@ -108,6 +110,9 @@ def main(argv):
         validate_sweep(sweep, base, base.replace(init_checkpoint=sft_path(sft)) if sft else None)
         if FLAGS.run_index is not None:
             check_run_index(sweep, base, FLAGS.run_index)
+        if not FLAGS.list_runs:   # writable before the warm-start and the first run
+            prepare_run_dir(sweep.sweep_dir, "sweep_dir")
+            set_error_dir(sweep.sweep_dir)
     if FLAGS.list_runs:
         for i, (name, _) in enumerate(all_runs(sweep, base)):
             print(i, name)
@@ -144,7 +149,7 @@ def exit_status(summary: dict) -> int:
 
 def run():
     """Console-script entry point."""
-    run_main(main, __name__)
+    run_main(main, __name__, defer_sigint=True)
 
 
 if __name__ == "__main__":

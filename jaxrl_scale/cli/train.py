@@ -12,14 +12,16 @@ same command on every host with --coordinator_address=HOST0:PORT --num_processes
 --process_id=I (or --distributed_auto where jax.distributed finds them itself: TPU pods,
 SLURM, Open MPI), a --run_dir and --data_dir on a filesystem they share.
 """
+import contextlib
+
 from absl import flags
 
 from jaxrl_scale.cli import (define_distributed_flags, flagdefs, init_distributed,
-                             one_line_errors, quiet_logging, run_main)
+                             one_line_errors, quiet_logging, run_main, set_error_dir)
 from jaxrl_scale.distributed import is_primary
 from jaxrl_scale.experiment.config import TrainConfig, check_resume, validate_for_devices
 from jaxrl_scale.experiment.sft import SFTConfig, sft_config_for, sft_path, sft_warmstart
-from jaxrl_scale.experiment.train import run_training
+from jaxrl_scale.experiment.train import claim_run_dir, is_finished, run_training
 
 flagdefs.define_from_dataclass(TrainConfig)
 define_distributed_flags()
@@ -31,6 +33,11 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
+    with contextlib.ExitStack() as held:
+        return _main(held)
+
+
+def _main(held: contextlib.ExitStack):
     quiet_logging()
     with one_line_errors():    # every bad input, before any data, model or compile
         cfg = flagdefs.build_from_flags(TrainConfig)
@@ -40,6 +47,10 @@ def main(argv):
         if FLAGS.warmstart and not (cfg.init_checkpoint or cfg.hf_checkpoint):
             sft = sft_config_for(cfg, FLAGS.warmstart_accuracy)
         check_resume(cfg.replace(init_checkpoint=sft_path(sft)) if sft else cfg)
+        if not is_finished(cfg.run_dir):   # a finished run is only reported (may be read-only)
+            # writable and ours until the command ends: before the warm-start and compile
+            held.enter_context(claim_run_dir(cfg))
+            set_error_dir(cfg.run_dir)
     if sft is not None:
         path, info = sft_warmstart(sft, progress=is_primary())
         print(f"warm-start: {path} (greedy held-out accuracy {info['accuracy']:.3f})")
@@ -53,7 +64,7 @@ def main(argv):
 
 def run():
     """Console-script entry point."""
-    run_main(main, __name__)
+    run_main(main, __name__, defer_sigint=True)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +27,7 @@ from tqdm.auto import tqdm
 
 from jaxrl_scale import checkpoint
 from jaxrl_scale import distributed as dist
+from jaxrl_scale import interrupt
 from jaxrl_scale.experiment.batching import pack_texts
 from jaxrl_scale.experiment.common import load_splits, prompt_length, write_json
 from jaxrl_scale.experiment.config import DEFAULT_TASK_KWARGS
@@ -139,16 +141,44 @@ def sft_warmstart(cfg: SFTConfig, *, progress: bool = True, force: bool = False)
     if jax.process_count() > 1:
         # A multi-process run: process 0 trains the entry in a one-process child (its jit and
         # orbax save must not wait for the other processes), the rest wait, all read it.
-        if dist.is_primary() and (force or not os.path.exists(info_path)):
+        if dist.is_primary() and (force or not os.path.exists(info_path)
+                                  or _entry_problem(out_dir, info_path)):
             subprocess.run([sys.executable, "-c", _CHILD, json.dumps(dataclasses.asdict(cfg)),
                             str(bool(force))], check=True)
         dist.barrier("sft_warmstart")
         force = False
     with _entry_lock(out_dir):
         if os.path.exists(info_path) and not force:
-            with open(info_path) as f:
-                return os.path.join(out_dir, "params"), json.load(f)
+            problem = _entry_problem(out_dir, info_path)
+            if problem is None:
+                with open(info_path) as f:
+                    return os.path.join(out_dir, "params"), json.load(f)
+            _set_aside(out_dir, problem)
         return _train(cfg, out_dir, info_path, progress)
+
+
+def _entry_problem(out_dir: str, info_path: str) -> str | None:
+    """What makes a finished cache entry unusable (its params' files differ from their
+    digests, its info.json does not read), or None."""
+    problem = checkpoint.check_pytree(os.path.join(out_dir, "params"))
+    if problem is None:
+        try:
+            with open(info_path) as f:
+                json.load(f)["accuracy"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            problem = f"{info_path} is unreadable ({type(e).__name__}: {str(e)[:200]})"
+    return problem
+
+
+def _set_aside(out_dir: str, problem: str) -> None:
+    """Move a corrupt cache entry to <entry>.corrupt[-n] (kept for inspection), so that the
+    warm-start is trained again in its place."""
+    dest, n = out_dir + ".corrupt", 1
+    while os.path.exists(dest):
+        dest, n = f"{out_dir}.corrupt-{n}", n + 1
+    shutil.move(out_dir, dest)
+    warnings.warn(f"SFT warm-start cache entry {out_dir} is corrupt ({problem}); moved to "
+                  f"{dest} and trained again.", RuntimeWarning, stacklevel=3)
 
 
 @contextlib.contextmanager
@@ -202,6 +232,9 @@ def _train(cfg: SFTConfig, out_dir: str, info_path: str, progress: bool):
         batch = pack_texts(tok, [r["prompt"] for r in rows], [r["solution"] for r in rows],
                            prompt_len=prompt_len, max_new_tokens=cfg.max_new_tokens)
         params, opt_state, loss = step(params, opt_state, batch)
+        if interrupt.requested():   # Ctrl-C (interrupt.deferred_sigint): nothing is cached
+            raise interrupt.Interrupted(f"SFT warm-start stopped at step {it}; nothing was "
+                                        "cached (a rerun trains it from the start)")
         if it % cfg.eval_every == 0:
             acc = greedy_accuracy(model_cfg, params, tok, eval_rows, reward_fn,
                                   max_new_tokens=cfg.max_new_tokens)

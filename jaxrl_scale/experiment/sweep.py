@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from jaxrl_scale import interrupt
 from jaxrl_scale import sharding as shd
 from jaxrl_scale.experiment.common import write_json
 from jaxrl_scale.numbers import is_number
@@ -365,6 +366,9 @@ def _run_all(cfgs: list[TrainConfig], desc: str, progress: bool,
         bar.set_postfix(run=name)
         if is_finished(cfg.run_dir):
             continue
+        if interrupt.requested():   # Ctrl-C after a run ended: the next one does not start
+            raise interrupt.Interrupted(f"sweep stopped before run {name}; every finished run "
+                                        "is kept")
         t0 = time.time()
         err = _run_one(cfg, progress, eval0_cache)
         if err is not None:
@@ -388,7 +392,14 @@ def _run_all_ray(todo: list[TrainConfig], desc: str, progress: bool, sweep: Swee
     errors, timings = {}, {}
     bar = tqdm(total=len(pending), desc=f"{desc} (ray)", unit="run", disable=not progress)
     while pending:
-        done, _ = ray.wait(list(pending), num_returns=1)
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+        if interrupt.requested():   # Ctrl-C: the runs under way are cancelled, resumable
+            for ref in pending:
+                ray.cancel(ref)
+            raise interrupt.Interrupted(f"sweep stopped; {len(pending)} Ray runs cancelled "
+                                        "(each resumes from its last checkpoint)")
+        if not done:
+            continue
         cfg = pending.pop(done[0])
         name = os.path.basename(cfg.run_dir)
         try:

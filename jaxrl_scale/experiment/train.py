@@ -22,11 +22,13 @@ and truncates metrics.jsonl to it, so the file never holds duplicate or missing 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import time
+import warnings
 from typing import Any
 
 import jax
@@ -35,6 +37,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxrl_scale import distributed as dist
+from jaxrl_scale import interrupt
 from jaxrl_scale import optim
 from jaxrl_scale import sharding as shd
 from jaxrl_scale.checkpoint import Checkpointer, load_pytree
@@ -43,6 +46,7 @@ from jaxrl_scale.experiment.config import (TrainConfig, check_resume, validate,
                                            validate_for_devices, write_config)
 from jaxrl_scale.experiment.config import ConfigError
 from jaxrl_scale.experiment.metrics import MetricsLog
+from jaxrl_scale.experiment.rundir import RunDirLock, prepare_run_dir
 from jaxrl_scale.experiment.writers import close_all, make_writers, write_all
 from jaxrl_scale.models import get_config, init_params, load_hf
 from jaxrl_scale.models.tokenizer import load_tokenizer
@@ -60,6 +64,34 @@ DONE_FILE = "DONE.json"
 
 def is_finished(run_dir: str) -> bool:
     return os.path.exists(os.path.join(run_dir, DONE_FILE))
+
+
+def _done_counters(run_dir: str) -> dict[str, Any] | None:
+    """The final counters a finished run wrote to DONE.json; None when it has none that read
+    (then the run is finished again from its last checkpoint, which rewrites the file)."""
+    try:
+        with open(os.path.join(run_dir, DONE_FILE)) as f:
+            done = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return done if isinstance(done, dict) and "step" in done else None
+
+
+def claim_run_dir(cfg: TrainConfig):
+    """Create the run directory, prove it writable and lock it for this process (a context
+    manager; process 0 locks, the others only check). ConfigError("run_dir", ...) when it
+    cannot be written or another training holds it; cheap, so it runs before data, model and
+    compile (and before a warm-start)."""
+    prepare_run_dir(cfg.run_dir)
+    return RunDirLock(cfg.run_dir) if dist.is_primary() else contextlib.nullcontext()
+
+
+def stop_requested() -> bool:
+    """Ctrl-C was pressed (interrupt.deferred_sigint); in a multi-process run, on process 0
+    (a collective: every process must ask at the same point, and all stop together)."""
+    if jax.process_count() == 1:
+        return interrupt.requested()
+    return bool(dist.broadcast(np.int32(interrupt.requested())))
 
 
 def optimizer_for(cfg: TrainConfig, base_lr: float, batch: int | None = None,
@@ -400,13 +432,16 @@ def initial_eval(run: "Run", loop: LoopState, cache_dir: str | None = None
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
     path = os.path.join(cache_dir, digest[:20] + ".json")
     # every process must take the same branch: the eval is a collective computation
-    if bool(dist.broadcast(os.path.exists(path))):
-        with open(path) as f:
-            return loop, json.load(f)["eval"]
+    cached = read_sealed_json(path) if dist.is_primary() else None
+    if bool(dist.broadcast(np.int32(cached is not None))):
+        if cached is None:   # process 0 checked the file; the others read it
+            with open(path) as f:
+                cached = json.load(f)
+        return loop, cached["eval"]
     loop, ev = run.evaluate(loop)
     if dist.is_primary():
         os.makedirs(cache_dir, exist_ok=True)
-        write_json(path, {"key": key, "eval": ev}, default=str)
+        write_json(path, sealed({"key": key, "eval": ev}), default=str)
     return loop, ev
 
 
@@ -434,6 +469,38 @@ def skipped_streak(streak: int, count_before: float, rec: dict) -> tuple[int, fl
     return (streak + 1 if count > count_before else 0), count
 
 
+def _digest(payload: dict) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def sealed(payload: dict) -> dict:
+    """`payload` plus the sha256 of its canonical JSON, checked by `read_sealed_json`."""
+    return {**payload, "sha256": _digest(payload)}
+
+
+def read_sealed_json(path: str) -> dict | None:
+    """The payload of a `sealed` JSON file, or None when there is none to trust: missing, or
+    unreadable or not matching its digest (then moved aside to <path>.corrupt with a warning,
+    so the caller recomputes it; a cache entry must never feed a run silently wrong numbers)."""
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            d = json.load(f)
+        ok = isinstance(d, dict) and d.pop("sha256", None) == _digest(d)
+    except (OSError, ValueError) as e:
+        d, ok = None, False
+        why = f"{type(e).__name__}: {str(e)[:200]}"
+    else:
+        why = "its sha256 does not match its contents"
+    if ok:
+        return d
+    warnings.warn(f"Cache file {path} is corrupt ({why}); moved to {path}.corrupt and "
+                  f"recomputed.", RuntimeWarning, stacklevel=2)
+    os.replace(path, path + ".corrupt")
+    return None
+
+
 def run_training(cfg: TrainConfig, *, progress: bool = True,
                  stop_after_steps: int | None = None,
                  eval0_cache: str | None = None) -> dict[str, Any]:
@@ -449,10 +516,26 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
     config.json, metrics.jsonl, the metric writers and DONE.json.
     """
     check_resume(cfg)   # a directory of another configuration is refused, before any work
+    done = _done_counters(cfg.run_dir)
+    if done is not None:   # nothing to do, nothing to write (the directory may be read-only)
+        return {**done, "finished": True}
+    with claim_run_dir(cfg):   # writable and ours, before data, model and compile
+        return _train(cfg, progress, stop_after_steps, eval0_cache)
+
+
+def _train(cfg: TrainConfig, progress: bool, stop_after_steps: int | None,
+           eval0_cache: str | None) -> dict[str, Any]:
+    """run_training's body, with the run directory held. Ctrl-C (interrupt.deferred_sigint)
+    is honoured between the phases and between steps: the step under way finishes, its
+    records are written, a checkpoint is saved at it, then Interrupted is raised."""
     run = Run(cfg)
-    update, compile_s = run.compile()
+    if stop_requested():
+        raise interrupt.Interrupted("stopped while loading the data and model; nothing new "
+                                    "was trained")
+    update, compile_s = run.compile()   # a Ctrl-C here waits for the compile (see interrupt.py)
+    if stop_requested():
+        raise interrupt.Interrupted("stopped after compiling; nothing new was trained")
     primary = dist.is_primary()
-    os.makedirs(cfg.run_dir, exist_ok=True)
     if primary:
         write_config(cfg.run_dir, cfg)
     log = MetricsLog(os.path.join(cfg.run_dir, "metrics.jsonl"))
@@ -505,10 +588,13 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
                disable=not (progress and primary),
                desc=os.path.basename(os.path.normpath(cfg.run_dir)),
                unit="resp" if by_responses else "step", leave=False)
-    last_score, steps_this_call, diverged = None, 0, None
+    last_score, steps_this_call, diverged, stopped = None, 0, None, False
     streak, skips = 0, int(jax.device_get(optim.nonfinite_count(loop.states[0].opt_state)))
     while not finished(loop):
         if stop_after_steps is not None and steps_this_call >= stop_after_steps:
+            break
+        if stop_requested():
+            stopped = True
             break
         t0 = time.perf_counter()
         loop, rec = run.train_step(loop, update)
@@ -546,6 +632,15 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
         close_all(writers)
         raise diverged
     done = finished(loop)
+    if stopped:
+        kept = "nothing new was trained"
+        if loop.step > 0:
+            if ckpt.latest_step() != loop.step:
+                save(loop)
+            kept = f"checkpoint step {loop.step} saved in {ckpt.directory}"
+        ckpt.close()
+        close_all(writers)
+        raise interrupt.Interrupted(f"stopped after step {loop.step} of {cfg.run_dir}; {kept}")
     if done:
         if ckpt.latest_step() != loop.step:
             save(loop)
