@@ -51,7 +51,7 @@ TRAIN_ROWS = [
     ("--algo=ppo --group_size=1 --critic_lr_rule=cubic", "critic_lr_rule"),
     ("--wandb_mode=cloud", "wandb_mode"), ("--reward_fn=nocolon", "reward_fn"),
     ("--reward_fn=no_such_module_xyz:f", "reward_fn"), ("--reward_timeout_s=-1", "reward_timeout_s"),
-    ("--lora_rank=-1", "lora_rank"), ("--lora_rank=2.5", "lora_rank"),
+    ("--lora_rank=-1", "lora_rank"),
     ("--lora_alpha=0", "lora_alpha"), ("--lora_targets=q,x", "lora_targets"),
     ("--lora_targets=q,q", "lora_targets"), ("--lora_rank=4 --lora_targets=", "lora_targets"),
     ("--lora_rank=4 --algo=ppo --group_size=1", "lora_rank"),
