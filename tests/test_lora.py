@@ -162,7 +162,8 @@ def test_sharded_lora_step_equals_one_device():
     reo, m_reo = step1(state, _reordered(batch))
     mesh = shd.make_mesh(2, 2, 2)
     sh = state_shardings(mesh, state)
-    assert sh.frozen["layers"]["wq"].spec == shd.spec_for(mesh, "wq", state.frozen["layers"]["wq"].shape)
+    wq_shape = state.frozen["layers"]["wq"].shape
+    assert sh.frozen["layers"]["wq"].spec == shd.spec_for(mesh, "wq", wq_shape)
     assert sh.frozen["layers"]["wq"].spec != jax.sharding.PartitionSpec()
     assert sh.params["layers"]["lora_a_q"].spec == jax.sharding.PartitionSpec()
     sharded = jax.device_put(state, sh)
@@ -202,8 +203,8 @@ def _hf_qwen2(tmp_path):
     model = transformers.Qwen2ForCausalLM(hf_cfg).float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            p.copy_((1.0 + 0.2 * torch.randn_like(p)) if "norm" in name else
-                    0.1 * torch.randn_like(p) if name.endswith("bias") else 0.08 * torch.randn_like(p))
+            scale = 0.2 if "norm" in name else 0.1 if name.endswith("bias") else 0.08
+            p.copy_((1.0 if "norm" in name else 0.0) + scale * torch.randn_like(p))
     model.save_pretrained(tmp_path / "base")
     return model
 

@@ -72,8 +72,8 @@ def main(argv):
     with one_line_errors():     # bad flags: one line and exit 2, before any compile
         why = lora.invalid(FLAGS.lora_rank, FLAGS.lora_alpha, FLAGS.lora_targets)
         if why:
-            raise ConfigError(why[0], why[1], f"pass e.g. --{why[0]}="
-                              + {"lora_rank": "8", "lora_alpha": "16", "lora_targets": "q,v"}[why[0]])
+            example = {"lora_rank": "8", "lora_alpha": "16", "lora_targets": "q,v"}[why[0]]
+            raise ConfigError(why[0], why[1], f"pass e.g. --{why[0]}={example}")
         if FLAGS.rounds < 1 or FLAGS.batch % FLAGS.group_size or \
                 not 0 < FLAGS.prompt_len < FLAGS.seq_len:
             raise ConfigError("rounds" if FLAGS.rounds < 1 else "batch" if FLAGS.batch %

@@ -222,7 +222,8 @@ def _lora(lp, target: str, x_BTI):
     a_IR = lp.get("lora_a_" + target)
     if a_IR is None:
         return None
-    return dense(dense(x_BTI, a_IR.astype(x_BTI.dtype)), lp["lora_b_" + target].astype(x_BTI.dtype))
+    b_RO = lp["lora_b_" + target]
+    return dense(dense(x_BTI, a_IR.astype(x_BTI.dtype)), b_RO.astype(x_BTI.dtype))
 
 
 def _plus_lora(y, lp, target, x_BTI):
@@ -307,8 +308,8 @@ def _layer_rest(cfg, lp, x_BTD, attn_BTNH, *, with_router: bool = False):
     # the contraction and transpose the whole wo matrix on every call.
     B, T, N, H = attn_BTNH.shape
     wo_ED = lp["wo"].reshape(N * H, -1).astype(cfg.jnp_dtype)  # [N, H, D] or fused [N*H, D]
-    attn_BTE = attn_BTNH.reshape(B, T, N * H)
-    out_BTD = _plus_lora(dense(attn_BTE, wo_ED), lp, "o", attn_BTE)
+    attn_BTI = attn_BTNH.reshape(B, T, N * H)
+    out_BTD = _plus_lora(dense(attn_BTI, wo_ED), lp, "o", attn_BTI)
     if cfg.o_bias:
         out_BTD = out_BTD + lp["bo"].astype(cfg.jnp_dtype)
     x_BTD = x_BTD + out_BTD
