@@ -5,7 +5,7 @@ argument) so the state is a plain array pytree that jit can shard and donate.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import flax.struct
 import jax
