@@ -56,6 +56,11 @@ TRAIN_ROWS = [
     ("--reward_fn=no_such_module_xyz:f", "reward_fn"), ("--reward_timeout_s=-1", "reward_timeout_s"),
     ("--reward_fn=builtins:exec", "reward_fn"), ("--reward_fn=os:system", "reward_fn"),
     ("--base_lr=inf", "base_lr"), ("--critic_base_lr=nan", "critic_base_lr"),
+    ("--lora_rank=-1", "lora_rank"),
+    ("--lora_alpha=0", "lora_alpha"), ("--lora_targets=q,x", "lora_targets"),
+    ("--lora_targets=q,q", "lora_targets"), ("--lora_rank=4 --lora_targets=", "lora_targets"),
+    ("--lora_rank=4 --algo=ppo --group_size=1", "lora_rank"),
+    ("--lora_rank=4 --model=moe_cpu", "lora_targets"),
     # multi-process launch settings (jaxrl_scale/cli: checked before jax.distributed starts)
     ("--num_processes=0", "num_processes"),
     ("--coordinator_address=127.0.0.1:1234", "num_processes"), ("--process_id=1", "process_id"),

@@ -68,6 +68,12 @@ class TrainConfig:
     # MoE expert dispatch (ModelConfig.moe_dispatch): "dense", "sparse" (dropless; expert
     # parallel on --mesh_expert > 1) or "auto" (by E / k). Ignored by dense models.
     moe_dispatch: str = "auto"
+    # LoRA (models/lora.py): rank 0 trains the full model; rank r > 0 trains adapters of rank
+    # r on the target projections (any of q,k,v,o,gate,up,down), scaled by alpha / r, with
+    # the base model frozen. The lr rules apply to the adapters; checkpoints hold them alone.
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
     tokenizer: str = "char"            # "char" or a directory with tokenizer.json
     # --- batch (counted in retained responses per update: B_train = P * G)
     prompts_per_step: int = 32         # P
@@ -132,6 +138,20 @@ class TrainConfig:
                     decoupled=self.use_engine and self.staleness_bound > 0)
         if any(getattr(self.loss, k) != v for k, v in want.items()):
             object.__setattr__(self, "loss", dataclasses.replace(self.loss, **want))
+        # A tuple whatever came in ("q,v", a JSON list from config.json), so that configs
+        # compare equal on resume.
+        targets = self.lora_targets
+        if isinstance(targets, str):
+            targets = [t.strip() for t in targets.split(",") if t.strip()]
+        object.__setattr__(self, "lora_targets", tuple(targets))
+
+    @property
+    def lora(self):
+        """models.lora.LoraConfig of a LoRA run, None for a full update."""
+        if not self.lora_rank:
+            return None
+        from jaxrl_scale.models.lora import LoraConfig
+        return LoraConfig(self.lora_rank, self.lora_alpha, self.lora_targets)
 
     @property
     def batch_train(self) -> int:
@@ -233,6 +253,7 @@ RANGES: dict[str, tuple[float, float, bool]] = {
         "micro_batches", "max_steps", "eval_every", "eval_prompts", "eval_samples",
         "generate_chunk", "checkpoint_every", "base_batch", "critic_minibatches",
         "critic_epochs", "mesh_expert")},
+    "lora_rank": (0, _INF, False), "lora_alpha": (0, _INF, True),
     **{k: (0, _INF, False) for k in (
         "max_responses", "num_train_examples", "num_test_examples", "max_prompt_len", "seed",
         "warmup_steps", "top_k", "max_grad_norm", "clip_high", "vf_clip", "kl_coef",
@@ -314,6 +335,26 @@ def _check_paths(cfg: TrainConfig) -> None:
             raise _err("router_aux_coef", f"{cfg.loss.router_aux_coef} needs a mixture-of-"
                        f"experts model; preset {cfg.model!r} is dense",
                        "use --router_aux_coef=0, or an MoE preset such as --model=moe_cpu")
+
+
+def _check_lora(cfg: TrainConfig, model_cfg=None) -> None:
+    """The adapter flags (targets are checked with rank 0 too: a typo should not wait for the
+    run that turns LoRA on); `model_cfg` adds the model's own checks."""
+    from jaxrl_scale.models.lora import invalid
+    why = invalid(cfg.lora_rank or 1, cfg.lora_alpha, cfg.lora_targets, model_cfg)
+    if why:
+        fix = {"lora_targets": "pass a comma-separated subset of q,k,v,o,gate,up,down (an MoE "
+                               "model: of q,k,v,o)",
+               "lora_alpha": "pass e.g. --lora_alpha=16",
+               "lora_rank": "pass --lora_rank=0 (off) or a rank such as 8"}[why[0]]
+        raise _err(why[0], why[1], fix)
+    if cfg.lora_rank and cfg.algo != "grpo":
+        raise _err("lora_rank", f"LoRA trains GRPO's policy; --algo={cfg.algo} trains full "
+                   f"networks", "use --algo=grpo, or --lora_rank=0")
+    if cfg.lora_rank and model_cfg is None and not cfg.hf_checkpoint:
+        from jaxrl_scale.models.config import PRESETS
+        if cfg.model in PRESETS:
+            _check_lora(cfg, PRESETS[cfg.model])
 
 
 def _check_wandb(cfg: TrainConfig) -> None:
@@ -435,6 +476,7 @@ def validate(cfg: TrainConfig, *, data_parallel: int | None = None,
     if cfg.rollout == "generate" and cfg.partial_rollout:
         raise _err("rollout", "'generate' is the synchronous rollout, but gen_batch_ratio / "
                    "max_staleness ask for partial rollout", "use --rollout=auto")
+    _check_lora(cfg)
     if cfg.target_margin and not cfg.target:
         raise _err("target_margin", "is set but --target is 0 (no target stop)",
                    "set --target too, or drop --target_margin")

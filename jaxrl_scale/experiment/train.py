@@ -49,6 +49,7 @@ from jaxrl_scale.experiment.metrics import MetricsLog
 from jaxrl_scale.experiment.rundir import RunDirLock, prepare_run_dir
 from jaxrl_scale.experiment.writers import close_all, make_writers, write_all
 from jaxrl_scale.models import get_config, init_params, load_hf
+from jaxrl_scale.models import lora
 from jaxrl_scale.models.tokenizer import load_tokenizer
 from jaxrl_scale.rl.batch import RolloutBatch, check_shared_prompts, rollout_batch
 from jaxrl_scale.rl.config import StepOptions
@@ -130,14 +131,29 @@ def _model(cfg: TrainConfig, tok, mesh):
     return model_cfg, params
 
 
-def _state(mesh, model_cfg, params, tx, seed: int):
-    """TrainState born sharded on `mesh`: params loaded (then moved) or initialised there."""
+_LORA_KEY = 0x10A   # folded into the seed for the adapters' init
+
+
+def _state(mesh, model_cfg, params, tx, seed: int, lcfg: "lora.LoraConfig | None" = None):
+    """TrainState born sharded on `mesh`: params loaded (then moved) or initialised there.
+    lcfg (LoRA): the state trains fresh adapters, the params are its frozen base."""
     if params is None:
-        return init_train_state(lambda: init_params(model_cfg, seed), tx, mesh=mesh,
-                                seed_or_key=seed)
-    # moved first: a multi-process jit takes only arrays already on its mesh
-    params = jax.device_put(params, shd.tree_shardings(mesh, params))
-    return init_train_state(lambda p: p, tx, params, mesh=mesh, seed_or_key=seed)
+        base_fn, args = (lambda: init_params(model_cfg, seed)), ()
+    else:
+        # moved first: a multi-process jit takes only arrays already on its mesh
+        params = jax.device_put(params, shd.tree_shardings(mesh, params))
+        base_fn, args = (lambda p: p), (params,)
+    if lcfg is None:
+        return init_train_state(base_fn, tx, *args, mesh=mesh, seed_or_key=seed)
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), _LORA_KEY)
+    return init_train_state(lambda *a: (lora.init_adapters(model_cfg, lcfg, key), base_fn(*a)),
+                            tx, *args, mesh=mesh, seed_or_key=seed, with_frozen=True)
+
+
+def trained_part(states) -> tuple:
+    """The train states without LoRA's frozen base: what a checkpoint holds (the base is
+    rebuilt from the run's config, which names it: hf_checkpoint / init_checkpoint / model)."""
+    return tuple(s.replace(frozen=None) for s in states)
 
 
 class Run:
@@ -177,18 +193,29 @@ class Run:
         self.eval_rows = [self.test_src[i] for i in range(min(cfg.eval_prompts,
                                                               len(self.test_src)))]
 
+        self.lora = cfg.lora
+        if self.lora is not None:   # the model's own checks (an MoE model has no dense MLP)
+            from jaxrl_scale.experiment.config import _check_lora
+            _check_lora(cfg, self.model_cfg)
         tx, lr_fn = optimizer_for(cfg, cfg.optim.base_lr)
         # The initial train state(s): the loop's first LoopState (`initial_state`) and the
         # template of shapes and shardings for compiling and restoring; the update donates
         # them, so the loop never reads them back from here.
-        self.init_states = (_state(self.mesh, self.model_cfg, params, tx, cfg.seed),)
+        self.init_states = (_state(self.mesh, self.model_cfg, params, tx, cfg.seed,
+                                   self.lora),)
+        self._merge = None
+        if self.lora is not None:   # decoding runs the merged weights: one merge per update
+            base = self.init_states[0].frozen
+            self._merge = jax.jit(lambda b, a: lora.merge(b, a, self.lora.scale),
+                                  out_shardings=shd.tree_shardings(self.mesh, base))
         # GRPO's G responses share their prompt: the update runs it once per group.
         self.shared_prompt_len = self.prompt_len if (
             cfg.algo == "grpo" and cfg.share_prompt and cfg.group_size > 1) else 0
         if cfg.algo == "grpo":
             options = StepOptions(self.model_cfg, tx, cfg.loss, cfg.micro_batches, lr_fn=lr_fn,
                                   group_size=cfg.group_size,
-                                  shared_prompt_len=self.shared_prompt_len)
+                                  shared_prompt_len=self.shared_prompt_len,
+                                  lora_scale=self.lora.scale if self.lora else None)
         else:
             ctx, clr_fn = optimizer_for(cfg, cfg.optim.critic_base_lr,
                                         cfg.batch_train // cfg.critic_minibatches,
@@ -211,7 +238,7 @@ class Run:
         # (Off-policy rollouts need no scoring pass: cfg.loss.decoupled, see LossConfig.)
         self.ref_params = self.score_ref = None
         if cfg.loss.kl_coef:
-            self.ref_params = jax.tree.map(jnp.copy, self.init_states[0].params)
+            self.ref_params = jax.tree.map(jnp.copy, self.policy_params(self.init_states[0]))
             rows = shd.batch_sharding(self.mesh)
             self.score_ref = jax.jit(
                 functools.partial(score_tokens, self.model_cfg,
@@ -229,6 +256,25 @@ class Run:
                 engine, lambda: self.stream.next_batch()[0], self.tok.encode,
                 prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
                 max_staleness=cfg.staleness_bound, recompute_kv=cfg.recompute_kv)
+
+    def policy_params(self, state):
+        """The full params of the policy in a train state, for decoding and scoring: the
+        state's params, or under LoRA its base with the adapters merged in (a new array per
+        call; decoding then costs what the base model's does)."""
+        if state.frozen is None:
+            return state.params
+        return self._merge(state.frozen, state.params)
+
+    def describe(self) -> dict[str, Any]:
+        """What the step-0 record adds for a LoRA run (nothing for a full update): the
+        adapters and the trained vs the model's parameter counts."""
+        st = self.init_states[0]
+        if self.lora is None:
+            return {}
+        return {"lora_rank": self.lora.rank, "lora_alpha": self.lora.alpha,
+                "lora_targets": ",".join(self.lora.targets),
+                "trainable_params": lora.tree_size(st.params),
+                "model_params": lora.tree_size(st.frozen)}
 
     @property
     def data_position(self) -> int:
@@ -268,7 +314,7 @@ class Run:
             shd.check_batch_divisible(mesh, args[-1])
             return compiled(*args)
 
-        cfg, params = self.cfg, self.init_states[0].params
+        cfg, params = self.cfg, self.policy_params(self.init_states[0])
         if self.partial is not None:   # every admission bucket (whole groups) and the decode
             self.partial.engine.warm(params, range(cfg.group_size, cfg.batch_gen + 1,
                                                    cfg.group_size), cfg.recompute_kv)
@@ -312,7 +358,7 @@ class Run:
         step = loop.step + 1
         t0 = time.perf_counter()
         gen_seed = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), step)
-        r = self.rollout(loop.params, step, gen_seed)
+        r = self.rollout(self.policy_params(loop.states[0]), step, gen_seed)
         rewards_B, failed = self.rewards(r)
         gen_s = time.perf_counter() - t0
 
@@ -355,9 +401,10 @@ class Run:
         greedy; the loop state counts the eval's reward failures."""
         cfg = self.cfg
         seed = jax.random.fold_in(jax.random.PRNGKey(cfg.seed + 7919), loop.step)
+        params = self.policy_params(loop.states[0])
         r_sampled, f_sampled = self.rewards(self.sample(
-            loop.params, self.eval_rows, cfg.eval_samples, seed, cfg.sampling.temperature))
-        r_greedy, f_greedy = self.rewards(self.sample(loop.params, self.eval_rows, 1, seed, 0.0))
+            params, self.eval_rows, cfg.eval_samples, seed, cfg.sampling.temperature))
+        r_greedy, f_greedy = self.rewards(self.sample(params, self.eval_rows, 1, seed, 0.0))
         ok_PK = (r_sampled > 0).reshape(len(self.eval_rows), cfg.eval_samples)
         loop = loop.replace(reward_failures=loop.reward_failures + f_sampled + f_greedy)
         return loop, {"score": float(ok_PK.mean()), "eval_n": int(ok_PK.size),
@@ -543,7 +590,8 @@ def _train(cfg: TrainConfig, progress: bool, stop_after_steps: int | None,
     loop = run.initial_state()
     resumed = ckpt.latest_step() is not None
     if resumed:   # the newest checkpoint that reads (checkpoint.py falls back past bad ones)
-        states, meta = ckpt.restore(None, loop.states)
+        states, meta = ckpt.restore(None, trained_part(loop.states))
+        states = [s.replace(frozen=init.frozen) for s, init in zip(states, loop.states)]
         loop = loop.replace(states=tuple(states), **meta["counters"],
                             reward_failures=meta.get("reward_failures", 0))
         run.stream.restore(meta["data_position"])
@@ -565,12 +613,13 @@ def _train(cfg: TrainConfig, progress: bool, stop_after_steps: int | None,
         if primary:
             log.truncate_after(-1)
         loop, ev = initial_eval(run, loop, eval0_cache)  # the untrained score: curves at N = 0
-        emit({"step": 0, "responses": 0, "time_s": 0.0, **ev, "compile_s": compile_s})
+        emit({"step": 0, "responses": 0, "time_s": 0.0, **ev, "compile_s": compile_s,
+              **run.describe()})
         if cfg.target and ev["score"] >= cfg.target:
             loop = loop.replace(reached_at=0)
 
     def save(loop: LoopState) -> None:
-        ckpt.save(loop.step, loop.states,
+        ckpt.save(loop.step, trained_part(loop.states),
                   {"counters": loop.counters(), "data_position": run.data_position,
                    "reward_failures": loop.reward_failures})
 

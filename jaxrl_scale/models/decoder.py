@@ -1,7 +1,7 @@
 """Decoder-only transformer (Qwen2 / Qwen3 / Llama) as pure functions over a params pytree.
 
 Shapes: B batch, T query tokens, S cache slots, D hidden, V vocab, L layers, N query heads,
-K kv heads, G = N // K, H head dim, F mlp hidden.
+K kv heads, G = N // K, H head dim, F mlp hidden, I a projection's input width, R the LoRA rank.
 
 Params pytree (layers stacked on a leading L axis so sharding rules see one array per kind):
   embed [V, D]; final_norm [D]; lm_head [D, V] (absent when tied);
@@ -12,6 +12,10 @@ Params pytree (layers stacked on a leading L axis so sharding rules see one arra
           (MoE, cfg.num_experts = E > 0, instead of w_gate/w_up/w_down: router [L, D, E],
           expert_gate/expert_up [L, E, D, F], expert_down [L, E, F, D], F = moe_intermediate_size;
           the math is in models/moe.py).
+  LoRA adapters (models/lora.py; optional, any of the 7 projections t in q k v o gate up
+  down): lora_a_t [L, in, r], lora_b_t [L, r, out] with the projection's flattened in/out
+  (e.g. q: in D, out N*H; o: in N*H, out D) and B already multiplied by alpha / r
+  (`lora.compose`): the projection adds B(A x) (Hu et al. 2021, eq. 3).
 
 Padding: every entry point takes `valid_BT` (True on real tokens). RoPE positions count only
 valid tokens, so a left-padded prompt gets the same positions as the unpadded one, and keys
@@ -211,6 +215,44 @@ def _dense_bwd(n_in, res, g):
 _dense.defvjp(_dense_fwd, _dense_bwd)
 
 
+def _lora(lp, target: str, x_BTI):
+    """The LoRA term B(A x) of `target`'s adapter in the layer params, [B, T, out], or None
+    without one. Two thin matmuls through the rank r instead of the [in, out] product, so the
+    update never forms (or differentiates) a full-size weight for the adapter."""
+    a_IR = lp.get("lora_a_" + target)
+    if a_IR is None:
+        return None
+    b_RO = lp["lora_b_" + target]
+    return dense(dense(x_BTI, a_IR.astype(x_BTI.dtype)), b_RO.astype(x_BTI.dtype))
+
+
+def _plus_lora(y, lp, target, x_BTI):
+    """y (the base projection of x, any trailing shape) plus target's LoRA term, if any."""
+    d = _lora(lp, target, x_BTI)
+    return y if d is None else y + d.reshape(y.shape)
+
+
+def merge_adapters(lp: Params) -> Params:
+    """Layer params with every LoRA adapter folded into its base weight, W + A B (B already
+    scaled), and the adapter leaves dropped; works on one layer's or the stacked [L, ...]
+    params. The same function as the unmerged `_lora` path up to float rounding."""
+    out = {k: v for k, v in lp.items() if not k.startswith("lora_")}
+    for key in lp:
+        if not key.startswith("lora_a_"):
+            continue
+        t = key[len("lora_a_"):]
+        w = out[LORA_BASE[t]]
+        a, b = lp["lora_a_" + t], lp["lora_b_" + t]
+        delta = jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32))  # [(L,) in, out]
+        out[LORA_BASE[t]] = (w.astype(jnp.float32) + delta.reshape(w.shape)).astype(w.dtype)
+    return out
+
+
+# LoRA target -> the base weight it adapts (layers dict key).
+LORA_BASE = {"q": "wq", "k": "wk", "v": "wv", "o": "wo", "gate": "w_gate", "up": "w_up",
+             "down": "w_down"}
+
+
 def _qkv(cfg, lp, x_BTD, rope_BT):
     dt = cfg.jnp_dtype
     N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -223,9 +265,9 @@ def _qkv(cfg, lp, x_BTD, rope_BT):
         k = qkv[..., N * H:(N + K) * H].reshape(B, T, K, H)
         v = qkv[..., (N + K) * H:].reshape(B, T, K, H)
     else:
-        q = dense(x_BTD, lp["wq"].astype(dt))
-        k = dense(x_BTD, lp["wk"].astype(dt))
-        v = dense(x_BTD, lp["wv"].astype(dt))
+        q = _plus_lora(dense(x_BTD, lp["wq"].astype(dt)), lp, "q", x_BTD)
+        k = _plus_lora(dense(x_BTD, lp["wk"].astype(dt)), lp, "k", x_BTD)
+        v = _plus_lora(dense(x_BTD, lp["wv"].astype(dt)), lp, "v", x_BTD)
         if cfg.attention_bias:
             q, k, v = q + lp["bq"].astype(dt), k + lp["bk"].astype(dt), v + lp["bv"].astype(dt)
     if cfg.qk_norm:  # Qwen3: per-head RMSNorm before RoPE
@@ -245,10 +287,11 @@ def _mlp(cfg, lp, x_BTD):
         # time on rl_cpu). Stacked, not concatenated, so a tensor-sharded F stays block-sharded.
         w_D2F = jnp.stack([lp["w_gate"], lp["w_up"]], axis=1).astype(dt)
         gate, up = (h[:, :, 0] for h in jnp.split(dense(x_BTD, w_D2F), 2, axis=2))
+        gate, up = _plus_lora(gate, lp, "gate", x_BTD), _plus_lora(up, lp, "up", x_BTD)
     h_BTF = jax.nn.silu(gate) * up
     if "w_down_DF" in lp:  # prepared layout from `unstack_layers`
         return jnp.einsum("btf,df->btd", h_BTF, lp["w_down_DF"].astype(dt))
-    return dense(h_BTF, lp["w_down"].astype(dt))
+    return _plus_lora(dense(h_BTF, lp["w_down"].astype(dt)), lp, "down", h_BTF)
 
 
 def _layer(cfg, lp, x_BTD, rope_BT, attend, *, with_router: bool = False):
@@ -265,7 +308,8 @@ def _layer_rest(cfg, lp, x_BTD, attn_BTNH, *, with_router: bool = False):
     # the contraction and transpose the whole wo matrix on every call.
     B, T, N, H = attn_BTNH.shape
     wo_ED = lp["wo"].reshape(N * H, -1).astype(cfg.jnp_dtype)  # [N, H, D] or fused [N*H, D]
-    out_BTD = dense(attn_BTNH.reshape(B, T, N * H), wo_ED)
+    attn_BTI = attn_BTNH.reshape(B, T, N * H)
+    out_BTD = _plus_lora(dense(attn_BTI, wo_ED), lp, "o", attn_BTI)
     if cfg.o_bias:
         out_BTD = out_BTD + lp["bo"].astype(cfg.jnp_dtype)
     x_BTD = x_BTD + out_BTD
@@ -296,13 +340,17 @@ def unstack_layers(cfg: ModelConfig, params: Params, *, fuse: bool = True) -> tu
     are fastest as they are). In-process A/B on `small`: tokens/s +8% at batch 1, +13% at 4,
     +7% at 16, +4% at 64, +1% at 256.
 
+    LoRA adapters in the params are merged into their weights (`merge_adapters`).
+
     MoE layers (cfg.num_experts > 0): the experts' gate/up become one [D, 2, E, F] array
     ("expert_gate_up", moe.fuse_gate_up), or [E, D, 2F] ("expert_gate_up_ED2F") under sparse
     dispatch (moe.decode_layout); router and expert_down stay as they are.
     """
     out = []
     for i in range(cfg.num_layers):
-        lp = _layer_params(params, i)
+        # LoRA adapters are folded into the weights here, once per call: a decode step then
+        # costs exactly what the base model's does.
+        lp = merge_adapters(_layer_params(params, i))
         if fuse:
             D = lp["wq"].shape[0]
             lp = dict(lp)

@@ -73,7 +73,7 @@ class StepOptions:
     remat: rematerialise the decoder layers; with_grads: return the pre-clip gradients.
     GRPO only: group_size (rows per prompt group) and shared_prompt_len (run each group's
     prompt once). PPO only: the critic's optimizer, lr and schedule (critic_minibatches /
-    critic_epochs None: the actor's).
+    critic_epochs None: the actor's). lora_scale: see the field.
     """
 
     cfg: Any                                   # models.config.ModelConfig
@@ -91,6 +91,9 @@ class StepOptions:
     critic_lr_fn: Optional[Callable] = None
     critic_minibatches: Optional[int] = None
     critic_epochs: Optional[int] = None
+    # LoRA (models/lora.py): alpha / r. Set, the policy state's params are the adapters and
+    # its `frozen` the base model; the loss runs lora.compose(frozen, params, lora_scale).
+    lora_scale: Optional[float] = None
 
     # PPO's historical keyword names for the actor's optimizer and lr (make_train_step).
     ALIASES = {"actor_tx": "tx", "actor_lr_fn": "lr_fn"}

@@ -134,6 +134,7 @@ class LoopState:
 
     @property
     def params(self):
+        """The policy's trained params (LoRA: its adapters; Run.policy_params merges)."""
         return self.states[0].params
 
     def replace(self, **kw) -> "LoopState":

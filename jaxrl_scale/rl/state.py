@@ -5,7 +5,7 @@ argument) so the state is a plain array pytree that jit can shard and donate.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import flax.struct
 import jax
@@ -17,10 +17,14 @@ from jaxrl_scale import sharding as shd
 
 @flax.struct.dataclass
 class TrainState:
-    params: Any
+    params: Any        # the trained leaves: the full model, or LoRA's adapters alone
     opt_state: Any
     step: jax.Array    # int32: optimizer updates attempted (skipped non-finite ones included)
     rng: jax.Array     # uint32 [2] PRNG key, split once per step
+    # LoRA (models/lora.py): the base model's params, an input of the step that is never
+    # differentiated nor given optimizer state (None for a full update). Sharded by the
+    # rule table like params; checkpoints leave it out (the run's config names the base).
+    frozen: Any = None
 
 
 def _key(seed_or_key) -> jax.Array:
@@ -30,10 +34,11 @@ def _key(seed_or_key) -> jax.Array:
 
 
 def create_train_state(params: Any, tx: optax.GradientTransformation,
-                       seed_or_key: int | jax.Array = 0) -> TrainState:
-    """TrainState for existing params (they stay where they are; see `init_train_state`)."""
+                       seed_or_key: int | jax.Array = 0, frozen: Any = None) -> TrainState:
+    """TrainState for existing params (they stay where they are; see `init_train_state`);
+    `frozen`: LoRA's base params (the optimizer sees only `params`)."""
     return TrainState(params=params, opt_state=tx.init(params),
-                      step=jnp.zeros([], jnp.int32), rng=_key(seed_or_key))
+                      step=jnp.zeros([], jnp.int32), rng=_key(seed_or_key), frozen=frozen)
 
 
 def state_shardings(mesh, state_or_shapes: Any) -> Any:
@@ -43,8 +48,10 @@ def state_shardings(mesh, state_or_shapes: Any) -> Any:
 
 
 def init_train_state(init_fn: Callable[..., Any], tx: optax.GradientTransformation, *args,
-                     mesh=None, seed_or_key: int | jax.Array = 0) -> TrainState:
-    """Create params = init_fn(*args) and the optimizer state, born sharded on `mesh`.
+                     mesh=None, seed_or_key: int | jax.Array = 0,
+                     with_frozen: bool = False) -> TrainState:
+    """Create params = init_fn(*args) and the optimizer state, born sharded on `mesh`;
+    with_frozen: init_fn returns (params, frozen) (LoRA: the adapters and the base).
 
     eval_shape -> shardings from the rule table -> jit(out_shardings=...): no device ever holds
     an unsharded copy. Without a mesh this is a plain jitted init on the default device.
@@ -52,7 +59,10 @@ def init_train_state(init_fn: Callable[..., Any], tx: optax.GradientTransformati
     key = _key(seed_or_key)
 
     def make(key, *args):
-        return create_train_state(init_fn(*args), tx, key)
+        out = init_fn(*args)
+        if with_frozen:
+            return create_train_state(out[0], tx, key, frozen=out[1])
+        return create_train_state(out, tx, key)
 
     if mesh is None:
         return jax.jit(make)(key, *args)

@@ -36,7 +36,7 @@ import optax
 from jaxrl_scale import optim
 from jaxrl_scale import sharding as shd
 from jaxrl_scale.models.config import ModelConfig
-from jaxrl_scale.models import moe
+from jaxrl_scale.models import lora, moe
 from jaxrl_scale.models.decoder import (
     forward, hidden_states, logits_from_hidden, response_hidden_states)
 from jaxrl_scale.rl import losses
@@ -317,24 +317,37 @@ def _finish(additive, token_sums, n_tok, sq_M, grads):
 
 def _policy_grads(params: Any, data: dict[str, Array], *, cfg: ModelConfig,
                   loss_cfg: LossConfig, micro_batches: int = 1, remat: bool = False,
-                  group_size: int = 1, shared_prompt_len: int = 0):
-    """Gradients (float32) and metrics of the policy loss over one update batch (action frame)."""
+                  group_size: int = 1, shared_prompt_len: int = 0, frozen: Any = None,
+                  lora_scale: Optional[float] = None):
+    """Gradients (float32) and metrics of the policy loss over one update batch (action frame).
+
+    frozen (LoRA): the base params; `params` are then the adapters, the only leaves the
+    gradients (and so the optimizer) see."""
     row_scale_B, denom = _norm_parts(data["mask_BS"], loss_cfg.agg)
     data = dict(data, w_BS=data["mask_BS"] * row_scale_B[:, None] / denom)
     if cfg.is_moe:  # each row's share of the valid tokens, for the router aux loss
         n_B = jnp.sum(_f32(data["valid_BT"]), axis=1)
         data["aux_share_B"] = n_B / jnp.maximum(jnp.sum(n_B), 1.0)
     loss_fn = _actor_loss_fn(cfg, loss_cfg, remat, denom, shared_prompt_len, group_size)
+    if frozen is not None:
+        if lora_scale is None:
+            raise ValueError("a train state with frozen (LoRA base) params needs "
+                             "StepOptions.lora_scale (alpha / r)")
+        full_loss_fn = loss_fn
+
+        def loss_fn(adapters, mb):
+            return full_loss_fn(lora.compose(frozen, adapters, lora_scale), mb)
     grads, _, additive, token_sums, sq_M = accumulate_grads(loss_fn, params, data, micro_batches,
                                                             group_size)
     return grads, _finish(additive, token_sums, jnp.sum(data["mask_BS"]), sq_M, grads)
 
 
 def _policy_update(state, data, *, cfg, tx, loss_cfg, micro_batches, remat, lr_fn,
-                   with_grads=False, group_size=1, shared_prompt_len=0):
+                   with_grads=False, group_size=1, shared_prompt_len=0, lora_scale=None):
     grads, metrics = _policy_grads(state.params, data, cfg=cfg, loss_cfg=loss_cfg,
                                    micro_batches=micro_batches, remat=remat,
-                                   group_size=group_size, shared_prompt_len=shared_prompt_len)
+                                   group_size=group_size, shared_prompt_len=shared_prompt_len,
+                                   frozen=state.frozen, lora_scale=lora_scale)
     state, opt_metrics = apply_grads(state, grads, tx, lr_fn)
     metrics.update(opt_metrics)
     if with_grads:
@@ -386,7 +399,7 @@ def grpo_step(state: TrainState, batch: RolloutBatch, options: StepOptions):
     update = functools.partial(_policy_update, cfg=o.cfg, tx=o.tx, loss_cfg=o.loss_cfg,
                                micro_batches=o.micro_batches, remat=o.remat, lr_fn=o.lr_fn,
                                with_grads=o.with_grads, group_size=o.group_size,
-                               shared_prompt_len=o.shared_prompt_len)
+                               shared_prompt_len=o.shared_prompt_len, lora_scale=o.lora_scale)
     state, metrics = _multi_update(update, state, data, o.num_minibatches, o.epochs)
     return state, _named(metrics, "actor")
 
@@ -498,6 +511,9 @@ def ppo_step(actor_state: TrainState, critic_state: TrainState, batch: RolloutBa
     o = options
     if o.critic_tx is None:
         raise ValueError("ppo_step needs StepOptions.critic_tx (the critic's optimizer)")
+    if actor_state.frozen is not None or critic_state.frozen is not None:
+        raise ValueError("ppo_step trains full networks; LoRA (a state with frozen params) "
+                         "is GRPO's (grpo_step)")
     gae_out = ppo_advantages(o.cfg, critic_state.params, batch, o.loss_cfg, o.micro_batches)
     actor_data = _actor_data(batch, gae_out["advantages_BS"], o.loss_cfg)
     critic_data = dict(tokens_BT=actor_data["tokens_BT"], valid_BT=actor_data["valid_BT"],
