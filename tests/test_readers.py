@@ -2,6 +2,7 @@
 written in each framework's own layout for sweeps with known answers, through the same
 analysis; bad inputs get one line naming the file or the flag."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -40,9 +41,10 @@ def _dump_yaml(path, d):
 
 def write_trl_run(root, name, per_device, ga, world, n_star, q, *, steps=40, eval_every=2,
                   step_time=True, args_file=True, accelerate_file=True, in_checkpoint=False):
-    """A GRPOTrainer output_dir: trainer_state.json exactly as transformers'
-    TrainerState.save_to_json writes it (json.dumps(asdict(state), indent=2, sort_keys=True)
-    + "\\n"), TRL's CLI config YAML and accelerate's config YAML beside it."""
+    """A GRPOTrainer output_dir: trainer_state.json written by transformers'
+    TrainerState.save_to_json itself (the writer TRL's trainers call; byte for byte its
+    json.dumps(asdict(state), indent=2, sort_keys=True) + "\\n" without transformers), TRL's
+    CLI config YAML and accelerate's config YAML beside it."""
     batch = per_device * ga * world
     d = os.path.join(root, name)
     os.makedirs(d, exist_ok=True)
@@ -84,8 +86,17 @@ def write_trl_run(root, name, per_device, ga, world, n_star, q, *, steps=40, eva
              "trial_params": None}
     sd = os.path.join(d, f"checkpoint-{steps}") if in_checkpoint else d
     os.makedirs(sd, exist_ok=True)
-    with open(os.path.join(sd, "trainer_state.json"), "w", encoding="utf-8") as f:
-        f.write(json.dumps(state, indent=2, sort_keys=True) + "\n")
+    path = os.path.join(sd, "trainer_state.json")
+    try:   # the writer TRL's trainers use (transformers is in the test extra)
+        from transformers import TrainerState
+    except ImportError:
+        TrainerState = None
+    if TrainerState is not None:
+        known = {f.name for f in dataclasses.fields(TrainerState)}
+        TrainerState(**{k: v for k, v in state.items() if k in known}).save_to_json(path)
+    else:  # byte for byte what save_to_json writes
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(json.dumps(state, indent=2, sort_keys=True) + "\n")
     if args_file:
         _dump_yaml(os.path.join(d, "grpo_config.yaml"), {
             "model_name_or_path": "Qwen/Qwen2.5-0.5B-Instruct", "dataset_name": "openai/gsm8k",
