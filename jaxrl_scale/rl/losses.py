@@ -75,23 +75,29 @@ def group_advantages(rewards_N: Array, group_size: int, *, estimator: str = "grp
     n = rewards_N.shape[0]
 
     r_PG = _f32(rewards_N).reshape(n // group_size, group_size)
-    # Each group is multiplied by 1/s, s a power of two >= max|r| (s = 1 when every |r| <= 1, the
-    # usual 0/1 rewards: bit-identical to no scaling): the sum in the mean and the squares in
-    # the std then stay far below the float32 limit for any finite reward (|r| up to 3.4e38;
-    # r^2 would overflow from 1.8e19). Scaling by 2^-k is exact, and the formulas are
-    # unchanged: (r - mean) / (std + eps) = (r/s - mean/s) / (std/s + eps/s).
-    k_P1 = _pow2_exponent(jnp.max(jnp.abs(r_PG), axis=1, keepdims=True))
+
+    def estimate(x_PG, eps_P1):
+        centered_PG = x_PG - jnp.mean(x_PG, axis=1, keepdims=True)
+        if estimator == "grpo":
+            return centered_PG / (jnp.std(x_PG, axis=1, keepdims=True, ddof=1) + eps_P1)
+        if estimator == "drgrpo":
+            return centered_PG
+        return centered_PG * (group_size / (group_size - 1))
+
+    # A group with some |r| > 1 is multiplied by 1/s, s a power of two >= max|r|: the sum in the
+    # mean and the squares in the std then stay far below the float32 limit for any finite
+    # reward (|r| up to 3.4e38; r^2 would overflow from 1.8e19). Scaling by 2^-k is exact and
+    # the formulas are unchanged: (r - mean) / (std + eps) = (r/s - mean/s) / (std/s + eps/s);
+    # drgrpo / rloo scale back by s. Groups with every |r| <= 1 (the usual 0/1 rewards) take
+    # the unscaled expression itself, so the update's program for them is the one it was.
+    max_P1 = jnp.max(jnp.abs(r_PG), axis=1, keepdims=True)
+    k_P1 = _pow2_exponent(max_P1)
     one_P1 = jnp.ones_like(r_PG[:, :1])
     scale_P1, inv_P1 = jnp.ldexp(one_P1, k_P1), jnp.ldexp(one_P1, -k_P1)   # s, 1/s: exact
-    x_PG = r_PG * inv_P1
-    centered_PG = x_PG - jnp.mean(x_PG, axis=1, keepdims=True)     # (r - mean) / s
-    if estimator == "grpo":
-        std_P1 = jnp.std(x_PG, axis=1, keepdims=True, ddof=1)      # std / s
-        adv_PG = centered_PG / (std_P1 + eps * inv_P1)
-    elif estimator == "drgrpo":
-        adv_PG = centered_PG * scale_P1
-    else:
-        adv_PG = centered_PG * (group_size / (group_size - 1)) * scale_P1
+    scaled_PG = estimate(r_PG * inv_P1, eps * inv_P1)
+    if estimator != "grpo":
+        scaled_PG = scaled_PG * scale_P1
+    adv_PG = jnp.where(max_P1 > 1.0, scaled_PG, estimate(r_PG, eps))
     constant_P1 = jnp.max(r_PG, axis=1, keepdims=True) == jnp.min(r_PG, axis=1, keepdims=True)
     adv_PG = jnp.where(constant_P1, 0.0, adv_PG)
     return adv_PG.reshape(n)
