@@ -160,3 +160,35 @@ def test_tiny_training_run_on_the_chain_task(tmp_path):
                            tensorboard=False)
     out = run_training(cfg, progress=False)
     assert out["step"] == 2 and out["responses"] == 16
+
+
+_FLAGS_CHILD = """
+import json, sys
+from absl import flags
+import jaxrl_scale.cli.sweep as m
+from jaxrl_scale.cli import flagdefs
+from jaxrl_scale.experiment.config import TrainConfig
+for argv in json.loads(sys.argv[1]):
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["cmd", *argv])
+    cfg = flagdefs.build_from_flags(TrainConfig, skip=m._PER_RUN)
+    print(cfg.task, cfg.max_new_tokens)
+"""
+
+
+def test_one_flag_switches_the_main_job_to_the_chain_task():
+    """The sweep's flags: --task=arith_chain alone brings the task's response cap."""
+    import json
+    import subprocess
+    import sys
+    cases = [
+        ([], "arithmetic 6"),
+        (["--task=arith_chain"], f"arith_chain {ArithChainSpec().max_response_chars() + 1}"),
+        (["--task=arith_chain", '--task_kwargs={"max_ops": 3}'],
+         f"arith_chain {ArithChainSpec(max_ops=3).max_response_chars() + 1}"),
+        (["--task=arith_chain", "--max_new_tokens=20"], "arith_chain 20"),   # the flag wins
+    ]
+    res = subprocess.run([sys.executable, "-c", _FLAGS_CHILD, json.dumps([a for a, _ in cases])],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip().splitlines()[-len(cases):] == [w for _, w in cases]

@@ -16,6 +16,7 @@ its step, and the mean response length; per round, the ratio of the tasks' step 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import statistics
@@ -34,10 +35,12 @@ flags.DEFINE_integer("group", 8, "Samples per prompt G (the main job's reference
 flags.DEFINE_integer("micro_batches", 2, "Micro-batches of whole groups (the main job's: 2).")
 flags.DEFINE_integer("warmup", 2, "Untimed steps per task after compiling.")
 flags.DEFINE_integer("steps", 8, "Timed steps per task (interleaved rounds).")
-flags.DEFINE_integer("eval_prompts", 256, "Held-out prompts of the timed eval (0: none).")
+flags.DEFINE_integer("eval_prompts", 64, "Held-out prompts of the timed eval (0: none).")
 flags.DEFINE_integer("eval_samples", 16, "Samples per prompt of the timed eval.")
 flags.DEFINE_integer("eval_rounds", 2, "Timed evals per task (alternating order).")
 flags.DEFINE_float("warmstart_accuracy", 0.3, "Greedy held-out accuracy the warm-start stops at.")
+flags.DEFINE_list("sft_max_steps", [], "TASK:STEPS caps on a task's warm-start steps (default: "
+                  "the main job's SFTConfig.max_steps), e.g. arith_chain:300 on a busy machine.")
 flags.DEFINE_string("data_dir", "~/.cache/jaxrl_scale/data", "Where the task data is built.")
 flags.DEFINE_string("json_out", "results/workload/workload_bench.json", "Where to write them.")
 
@@ -104,6 +107,13 @@ def main(argv):
             if FLAGS[name].value < 1:
                 raise ConfigError(name, f"must be >= 1, got {FLAGS[name].value}",
                                   f"set --{name} >= 1")
+        caps = {}
+        for item in FLAGS.sft_max_steps:
+            t, _, n = item.partition(":")
+            if t not in FLAGS.tasks or not n.isdigit() or int(n) < 1:
+                raise ConfigError("sft_max_steps", f"{item!r} is not TASK:STEPS with one of "
+                                  f"{FLAGS.tasks} and STEPS >= 1", "pass e.g. arith_chain:300")
+            caps[t] = int(n)
         from jaxrl_scale.experiment.config import validate
         with tempfile.TemporaryDirectory() as tmp:
             for t in FLAGS.tasks:
@@ -114,9 +124,13 @@ def main(argv):
         cfgs, sft = [], {}
         for t in FLAGS.tasks:
             cfg = task_config(t, os.path.join(tmp, t))
-            path, info = sft_warmstart(sft_config_for(cfg, FLAGS.warmstart_accuracy))
+            sft_cfg = sft_config_for(cfg, FLAGS.warmstart_accuracy)
+            if t in caps:
+                sft_cfg = dataclasses.replace(sft_cfg, max_steps=caps[t])
+            path, info = sft_warmstart(sft_cfg)
             sft[t] = {"accuracy": info["accuracy"], "steps": info["steps"],
-                      "seconds": info["seconds"], "path": path}
+                      "max_steps": sft_cfg.max_steps, "seconds": info["seconds"],
+                      "history": info["history"], "path": path}
             print(f"{t}: warm-start {path} (greedy held-out accuracy {info['accuracy']:.3f}, "
                   f"{info['steps']} steps, {info['seconds']:.0f} s)", flush=True)
             cfgs.append(cfg.replace(init_checkpoint=path))
@@ -142,7 +156,7 @@ def main(argv):
     out = {"command": "python experiments/workload_bench.py " + " ".join(
                f"--{n}={FLAGS[n].value if not isinstance(FLAGS[n].value, list) else ','.join(FLAGS[n].value)}"
                for n in ("tasks", "prompts", "group", "micro_batches", "warmup", "steps",
-                         "eval_prompts", "eval_samples", "eval_rounds")),
+                         "eval_prompts", "eval_samples", "eval_rounds", "sft_max_steps")),
            "batch": {"prompts": FLAGS.prompts, "group": FLAGS.group},
            "interleaved": True, "wall_s": wall, "tasks": tasks,
            f"step_ratio_vs_{ref}": ratios,
