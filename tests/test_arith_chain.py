@@ -192,3 +192,37 @@ def test_one_flag_switches_the_main_job_to_the_chain_task():
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip().splitlines()[-len(cases):] == [w for _, w in cases]
+
+
+_BENCH_CHILD = """
+import contextlib, io, json, sys
+from absl import flags
+import jaxrl_scale.cli.workload_bench as m
+m.sft_warmstart = None     # a good config must not get this far in this test
+for argv in json.loads(sys.argv[1]):
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["cmd", *argv])
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            code = m.main([])
+    except SystemExit as e:
+        code = e.code
+    print(json.dumps([code, err.getvalue().strip().splitlines()]))
+"""
+
+
+def test_workload_bench_bad_inputs_one_line_each():
+    import json
+    import subprocess
+    import sys
+    rows = [(["--tasks=arithmetic,nope"], "tasks"), (["--tasks=math_jsonl"], "tasks"),
+            (["--sft_max_steps=arith_chain:0"], "sft_max_steps"),
+            (["--sft_max_steps=countdown:5"], "sft_max_steps"), (["--steps=0"], "steps")]
+    res = subprocess.run([sys.executable, "-c", _BENCH_CHILD, json.dumps([a for a, _ in rows])],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = [json.loads(line) for line in res.stdout.strip().splitlines()[-len(rows):]]
+    for (argv, field), (code, err) in zip(rows, got):
+        assert code == 2 and len(err) == 1, (argv, code, err)
+        assert err[0].startswith(f"error: {field}: ") and "Fix: " in err[0], (argv, err)
