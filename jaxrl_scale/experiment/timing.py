@@ -97,9 +97,9 @@ def time_batches(base: TrainConfig, batches: Sequence[int], warmup: int = 2, ste
 def time_configs(cfgs: Sequence[TrainConfig], warmup: int = 2, steps: int = 3,
                  progress: bool = True, interleave: bool = True) -> list[dict]:
     """`time_batches` over any configs (e.g. two tasks at one batch), in the order given: the
-    same entries, the same interleaved rounds. Each config's run_dir is only a name here (the
-    timed steps write nothing); configs that differ in more than the batch are compared at
-    the same minutes of the machine, which is the point of interleaving."""
+    same entries, the same interleaved rounds. Give throwaway run_dirs (time_batches uses a
+    temporary directory). Configs that differ in more than the batch are compared at the same
+    minutes of the machine, which is the point of interleaving."""
     if warmup < 0 or steps < 1:
         raise ValueError(f"time_configs: warmup={warmup} must be >= 0 and steps={steps} >= 1")
     bar = tqdm(total=len(cfgs) * (warmup + steps), disable=not progress, desc="time_batches",
