@@ -13,7 +13,7 @@ import typing
 
 from absl import flags
 
-from jaxrl_scale.experiment.config import ConfigError
+from jaxrl_scale.experiment.config import ConfigError, task_max_new_tokens
 
 
 def _leaves(cls, instance=None, prefix=""):
@@ -104,7 +104,13 @@ def values_from_flags(cls, *, skip=(), only_present=False) -> dict:
 
 def build_from_flags(cls, *, skip=(), **extra):
     """Instantiate `cls` from the parsed flags (flat names routed by `cls.make` if it has
-    one, for nested configs)."""
+    one, for nested configs). Without --max_new_tokens, a task whose solutions are longer than
+    the default cap gets its own (config.task_max_new_tokens), so --task=arith_chain alone
+    switches the workload."""
     kw = values_from_flags(cls, skip=tuple(skip) + tuple(extra))
     kw.update(extra)
+    if "max_new_tokens" in kw and "max_new_tokens" not in extra and \
+            not flags.FLAGS["max_new_tokens"].present and isinstance(kw.get("task_kwargs"), dict):
+        kw["max_new_tokens"] = task_max_new_tokens(kw.get("task", ""), kw["task_kwargs"]) or \
+            kw["max_new_tokens"]
     return cls.make(**kw) if hasattr(cls, "make") else cls(**kw)

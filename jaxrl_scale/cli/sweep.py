@@ -14,6 +14,10 @@ pair and a PPO sweep, reusing the default's runs when given the same --sweep_dir
     python experiments/sweep_batch.py --prompts=8,16,32 --group_sizes=4,8 --seeds=0,1 \
         --base_prompts=8 --fixed_prompts= --pairs= --tune_lrs= --sweep_dir=runs/mine --target=0.6
 
+--task=arith_chain runs the same study on chains of 1-6 operations with shown work (responses of
+tens of characters with a long tail, generation-heavy steps like LLM RL; results/workload/): the
+task brings its own response cap and warm-start (keyed by task).
+
 --gen_batch_ratios=1,2 runs every config also with asynchronous partial rollout (B_gen = 2 x
 B_train; runs named ..._k2_s<seed>) and adds the partial-vs-synchronous comparison to the report.
 

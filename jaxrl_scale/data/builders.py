@@ -23,6 +23,8 @@ import tensorflow_datasets as tfds
 from jaxrl_scale.data import tasks as _tasks
 
 __all__ = [
+    "ArithChain",
+    "ArithChainConfig",
     "Arithmetic",
     "ArithmeticConfig",
     "Countdown",
@@ -222,6 +224,42 @@ class Arithmetic(_TaskBuilder, skip_registration=True):
 
 
 @dataclasses.dataclass
+class ArithChainConfig(_GeneratedSplits):
+    """Knobs of the arithmetic-chain task: see tasks.ArithChainSpec. `digits` and `ops` are
+    the arithmetic task's, so the main job's task_kwargs fit both tasks."""
+
+    digits: int = 2
+    ops: str = "+-"
+    min_ops: int = 1
+    max_ops: int = 6
+    ops_decay: float = 0.7
+
+
+class ArithChain(_TaskBuilder, skip_registration=True):
+    """Arithmetic chains with shown work: prompt "12+7-5=", solution "19-5=14", answer "14";
+    1-6 operations, geometrically fewer long ones, so response lengths have a long tail."""
+
+    CONFIG_CLS = ArithChainConfig
+    BUILDER_CONFIGS = [ArithChainConfig(name="default")]
+
+    def _features(self) -> tfds.features.FeaturesDict:
+        return _text_features(num_ops=np.int64)
+
+    def _spec(self) -> _tasks.ArithChainSpec:
+        c = self.builder_config
+        return _tasks.ArithChainSpec(digits=c.digits, ops=c.ops, min_ops=c.min_ops,
+                                     max_ops=c.max_ops, ops_decay=c.ops_decay)
+
+    def _validate(self) -> None:
+        self._spec().validate()
+
+    def _examples(self, split: str) -> list[dict[str, Any]]:
+        spec = self._spec()
+        return self._sample_split("arith_chain",
+                                  lambda rng: _tasks.arith_chain_problem(rng, spec), split)
+
+
+@dataclasses.dataclass
 class CountdownConfig(_GeneratedSplits):
     """Knobs of the countdown task: see tasks.CountdownSpec."""
 
@@ -344,6 +382,7 @@ def _check_manual_dir(d: str) -> str:
 
 TASKS: dict[str, type[_TaskBuilder]] = {
     "arithmetic": Arithmetic,
+    "arith_chain": ArithChain,
     "countdown": Countdown,
     "math_jsonl": MathJsonl,
 }

@@ -2,6 +2,8 @@
 
 A reward function is `fn(response: str, example: dict) -> float` (example as from load_task).
     exact_match          arithmetic: text before EOS / first newline, stripped, == answer
+    chain_final_answer   arith_chain: on that line, the text after the last "=" (all of it
+                         without one), stripped, == answer; the shown work is not checked
     countdown_reward     countdown: a + - * ( ) expression over the given numbers (each at most
                          once) equal to the target; parsed, never eval'ed
     math_verify_reward   GSM8K/MATH: math-verify's parse + verify of the response vs the answer
@@ -39,6 +41,7 @@ from jaxrl_scale.data.expr import ExprError, evaluate
 __all__ = [
     "DEFAULT_STOP_STRINGS",
     "RewardFn",
+    "chain_final_answer",
     "countdown_reward",
     "cut_at_stop",
     "exact_match",
@@ -80,6 +83,13 @@ def final_line(text: str, stop_strings: Sequence[str] = DEFAULT_STOP_STRINGS) ->
 
 def exact_match(response: str, example: dict[str, Any]) -> float:
     return float(final_line(response) == str(example["answer"]).strip())
+
+
+def chain_final_answer(response: str, example: dict[str, Any]) -> float:
+    """1 iff the final number of "19-5=14" (after the last "="; the whole line when there is
+    none, as for a one-step answer) is the answer. An outcome reward, as in LLM math RL: the
+    work before it is neither checked nor required."""
+    return float(final_line(response).rsplit("=", 1)[-1].strip() == str(example["answer"]).strip())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -484,6 +494,7 @@ class RewardFn:
 
 REWARDS: dict[str, Callable[[str, dict[str, Any]], float]] = {
     "arithmetic": exact_match,
+    "arith_chain": chain_final_answer,
     "countdown": countdown_reward,
     "math_jsonl": math_verify_reward,
 }

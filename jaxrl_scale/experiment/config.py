@@ -18,7 +18,25 @@ ALGOS = ("grpo", "ppo")
 ROLLOUTS = ("auto", "engine", "generate")
 WANDB_MODES = ("", "online", "offline", "disabled")
 # The built-in CPU task: 2-digit addition and subtraction (answers of 1-3 characters).
+# arith_chain (chains of such operations with shown work) takes the same knobs.
 DEFAULT_TASK_KWARGS = {"digits": 2, "ops": "+-"}
+
+
+def task_max_new_tokens(task: str, task_kwargs: dict) -> int | None:
+    """The response cap (character tokens) that covers every solution of `task` plus EOS, for
+    a task whose solutions outgrow the default max_new_tokens; None for the others (and for
+    knobs the task refuses: validation reports those). Truncating the long tail would cut
+    exactly the responses that make generation the long part of a step."""
+    if task != "arith_chain":
+        return None
+    from jaxrl_scale.data.tasks import ArithChainSpec
+    names = {f.name for f in dataclasses.fields(ArithChainSpec)}
+    try:
+        spec = ArithChainSpec(**{k: v for k, v in task_kwargs.items() if k in names})
+        spec.validate()
+        return spec.max_response_chars() + 1
+    except (TypeError, ValueError):
+        return None
 
 
 @dataclasses.dataclass(frozen=True)

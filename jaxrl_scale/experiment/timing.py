@@ -33,7 +33,8 @@ from jaxrl_scale.experiment.train import Run
 #   gen_s    rollout: generation (or the engine's next batch) + rewards
 #   train_s  batch packing + (reference scores) + update, transfers included
 #   decode_s the jitted decode alone (part of gen_s); update_s the update alone (part of train_s)
-STEP_FIELDS = ("gen_s", "train_s", "decode_s", "update_s")
+#   response_len  mean response tokens of the step (what the rollout's length depends on)
+STEP_FIELDS = ("gen_s", "train_s", "decode_s", "update_s", "response_len")
 
 
 def timing_config(base: TrainConfig, batch: int, run_dir: str) -> TrainConfig:
@@ -90,33 +91,44 @@ def time_batches(base: TrainConfig, batches: Sequence[int], warmup: int = 2, ste
         raise ValueError(f"time_batches: batches {batches} repeat a value")
     with tempfile.TemporaryDirectory(prefix="time_batches_") as tmp:
         cfgs = [timing_config(base, b, os.path.join(tmp, f"B{b}")) for b in batches]
-        bar = tqdm(total=len(cfgs) * (warmup + steps), disable=not progress, desc="time_batches",
-                   unit="step", leave=False)
-        if interleave:
-            entries, runs = [], []
-            for cfg in cfgs:
-                run = Run(cfg)
-                update, compile_s = run.compile()
-                entries.append(_entry(cfg, compile_s))
-                runs.append([run, update, run.initial_state()])
+        return time_configs(cfgs, warmup, steps, progress, interleave)
+
+
+def time_configs(cfgs: Sequence[TrainConfig], warmup: int = 2, steps: int = 3,
+                 progress: bool = True, interleave: bool = True) -> list[dict]:
+    """`time_batches` over any configs (e.g. two tasks at one batch), in the order given: the
+    same entries, the same interleaved rounds. Give throwaway run_dirs (time_batches uses a
+    temporary directory). Configs that differ in more than the batch are compared at the same
+    minutes of the machine, which is the point of interleaving."""
+    if warmup < 0 or steps < 1:
+        raise ValueError(f"time_configs: warmup={warmup} must be >= 0 and steps={steps} >= 1")
+    bar = tqdm(total=len(cfgs) * (warmup + steps), disable=not progress, desc="time_batches",
+               unit="step", leave=False)
+    if interleave:
+        entries, runs = [], []
+        for cfg in cfgs:
+            run = Run(cfg)
+            update, compile_s = run.compile()
+            entries.append(_entry(cfg, compile_s))
+            runs.append([run, update, run.initial_state()])
+        for r in range(warmup + steps):
+            order = range(len(runs)) if r % 2 == 0 else reversed(range(len(runs)))
+            for i in order:
+                run, update, loop = runs[i]
+                runs[i][2] = _step(run, update, loop, entries[i] if r >= warmup else None)
+                bar.update()
+        del runs
+    else:
+        entries = []
+        for cfg in cfgs:
+            run = Run(cfg)
+            update, compile_s = run.compile()
+            entry, loop = _entry(cfg, compile_s), run.initial_state()
             for r in range(warmup + steps):
-                order = range(len(runs)) if r % 2 == 0 else reversed(range(len(runs)))
-                for i in order:
-                    run, update, loop = runs[i]
-                    runs[i][2] = _step(run, update, loop, entries[i] if r >= warmup else None)
-                    bar.update()
-            del runs
-        else:
-            entries = []
-            for cfg in cfgs:
-                run = Run(cfg)
-                update, compile_s = run.compile()
-                entry, loop = _entry(cfg, compile_s), run.initial_state()
-                for r in range(warmup + steps):
-                    loop = _step(run, update, loop, entry if r >= warmup else None)
-                    bar.update()
-                entries.append(entry)
-                del run, loop
-                gc.collect()
-        bar.close()
+                loop = _step(run, update, loop, entry if r >= warmup else None)
+                bar.update()
+            entries.append(entry)
+            del run, loop
+            gc.collect()
+    bar.close()
     return entries
