@@ -267,3 +267,17 @@ def check_json_out(name: str = "json_out") -> None:
         parent = os.path.dirname(parent)
     if not (os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK)):
         raise ConfigError(name, f"cannot write under {parent!r}", "choose a writable path")
+
+
+def write_json_out(out: dict, name: str = "json_out", **kw) -> None:
+    """Write a benchmark's record to --name (its folder made first) and say where; nothing
+    when the flag is empty."""
+    import os
+    from absl import flags
+    from jaxrl_scale.numbers import write_json
+    path = flags.FLAGS[name].value
+    if not path:
+        return
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    write_json(path, out, indent=2, **kw)
+    print(f"wrote {path}")

@@ -25,11 +25,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_scale.cli import one_line_errors, run_main
+from jaxrl_scale.cli import one_line_errors, run_main, write_json_out
 from jaxrl_scale.experiment.config import ConfigError
 from jaxrl_scale import optim
 from jaxrl_scale.models import get_config, init_params, lora
-from jaxrl_scale.numbers import write_json
 from jaxrl_scale.rl import steps
 from jaxrl_scale.rl.batch import RolloutBatch
 from jaxrl_scale.rl.state import create_train_state
@@ -152,10 +151,7 @@ def main(argv):
                merge_seconds=merge_times, merge_seconds_median=statistics.median(merge_times),
                backend=jax.default_backend(), device_count=jax.device_count(),
                cpu_count=os.cpu_count(), machine=platform.machine())
-    if FLAGS.json_out:
-        os.makedirs(os.path.dirname(FLAGS.json_out) or ".", exist_ok=True)
-        write_json(FLAGS.json_out, out, indent=2)
-        print(f"wrote {FLAGS.json_out}")
+    write_json_out(out)
 
 
 def run():

@@ -95,6 +95,18 @@ def _numbers(name: str, values, integer: bool = False) -> list[float]:
 THROUGHPUT_SOURCES = ("timings_json", "time_batches", "step_times_from", "chip")
 
 
+def _throughput_source() -> str:
+    """The one throughput source flag given; ConfigError for none or several."""
+    from jaxrl_scale.experiment.errors import ConfigError
+    given = [n for n in THROUGHPUT_SOURCES if FLAGS[n].value]
+    if len(given) != 1:
+        raise ConfigError("timings_json", "no throughput source given" if not given else
+                          f"several throughput sources given ({', '.join(given)})",
+                          "pass exactly one of --timings_json, --time_batches, "
+                          "--step_times_from, --chip")
+    return given[0]
+
+
 def check_flags() -> None:
     """ConfigError (one line, exit 2) for every flag the planner cannot use, before any run is
     read, timed or written: ranges through the shared checker (config.check_ranges: finite,
@@ -131,12 +143,7 @@ def check_flags() -> None:
             raise ConfigError("probe_run", f"{p!r} has no metrics.jsonl", "pass a run "
                               "directory written by jaxrl-train (config.json + metrics.jsonl)")
     _numbers("batches", FLAGS.batches)
-    given = [n for n in THROUGHPUT_SOURCES if FLAGS[n].value]
-    if len(given) != 1:
-        raise ConfigError("timings_json", "no throughput source given" if not given else
-                          f"several throughput sources given ({', '.join(given)})",
-                          "pass exactly one of --timings_json, --time_batches, "
-                          "--step_times_from, --chip")
+    _throughput_source()
     if FLAGS.timings_json and not os.path.isfile(FLAGS.timings_json):
         raise ConfigError("timings_json", f"{FLAGS.timings_json!r} is not a file",
                           "pass the JSON list a timing pass wrote")
@@ -206,13 +213,7 @@ def _fit(runs, timing_cfg=None) -> dict:
     on timing entries, or the roofline's fit), with "timings_source" saying which."""
     from jaxrl_scale.experiment.config import ConfigError
     from jaxrl_scale.scaling import planner
-    given = [n for n in THROUGHPUT_SOURCES if FLAGS[n].value]
-    if len(given) != 1:
-        raise ConfigError("timings_json", "no throughput source given" if not given else
-                          f"several throughput sources given ({', '.join(given)})",
-                          "pass exactly one of --timings_json, --time_batches, "
-                          "--step_times_from, --chip")
-    src = given[0]
+    src = _throughput_source()
     if src == "chip":
         return _roofline(runs)
     if src == "timings_json":

@@ -35,7 +35,7 @@ import time
 
 from absl import flags
 
-from jaxrl_scale.cli import one_line_errors, quiet_logging, run_main
+from jaxrl_scale.cli import one_line_errors, quiet_logging, run_main, write_json_out
 from jaxrl_scale.numbers import write_json
 
 FLAGS = flags.FLAGS
@@ -296,10 +296,7 @@ def main(argv):
                max_new_tokens=FLAGS.max_new_tokens, steps=FLAGS.steps, discard=FLAGS.discard,
                backend=jax.default_backend(), cpu_count=os.cpu_count(),
                machine=platform.machine(), command=" ".join(sys.argv))
-    if FLAGS.json_out:
-        os.makedirs(os.path.dirname(FLAGS.json_out) or ".", exist_ok=True)
-        write_json(FLAGS.json_out, out, indent=2)
-        print(f"wrote {FLAGS.json_out}")
+    write_json_out(out)
 
 
 def _print_round(P, r, rounds):

@@ -27,13 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_scale.cli import INF, one_line_errors, run_main
+from jaxrl_scale.cli import INF, one_line_errors, run_main, write_json_out
 from jaxrl_scale import bench, optim
 from jaxrl_scale.models import get_config, init_params
 from jaxrl_scale.rl import steps
 from jaxrl_scale.rl.batch import RolloutBatch
 from jaxrl_scale.rl.state import create_train_state
-from jaxrl_scale.numbers import write_json
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "small", "Model preset (jaxrl_scale.models.PRESETS).")
@@ -183,10 +182,7 @@ def main(argv):
                matmul_peak=dict(peak, flops_per_s=peak_flops, measurements=peaks),
                backend=jax.default_backend(), device_count=jax.device_count(),
                cpu_count=os.cpu_count(), machine=platform.machine(), rows=rows)
-    if FLAGS.json_out:
-        os.makedirs(os.path.dirname(FLAGS.json_out) or ".", exist_ok=True)
-        write_json(FLAGS.json_out, out, indent=2)
-        print(f"wrote {FLAGS.json_out}")
+    write_json_out(out)
 
 
 def run():

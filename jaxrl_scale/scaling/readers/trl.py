@@ -59,11 +59,8 @@ def is_run(run_dir: str) -> bool:
     return state_path(run_dir) is not None
 
 
-def _args(run_dir: str) -> tuple[dict, list[str]]:
-    """Training-argument keys found beside the state: {key: value} and the files read."""
-    keys = ("per_device_train_batch_size", "gradient_accumulation_steps", "world_size",
-            "num_processes", "num_iterations")
-    found, used = {}, []
+def _configs_beside(run_dir: str):
+    """(path, dict) of every readable structured config beside the state (not the state)."""
     for p in config_files(run_dir):
         if os.path.basename(p) == STATE_FILE:
             continue
@@ -71,8 +68,16 @@ def _args(run_dir: str) -> tuple[dict, list[str]]:
             d = load_structured(p)
         except (ValueError, OSError):
             continue
-        if not isinstance(d, dict):
-            continue
+        if isinstance(d, dict):
+            yield p, d
+
+
+def _args(run_dir: str) -> tuple[dict, list[str]]:
+    """Training-argument keys found beside the state: {key: value} and the files read."""
+    keys = ("per_device_train_batch_size", "gradient_accumulation_steps", "world_size",
+            "num_processes", "num_iterations")
+    found, used = {}, []
+    for p, d in _configs_beside(run_dir):
         hit = False
         for k in keys:
             if k in d and k not in found:
@@ -86,15 +91,7 @@ def _args(run_dir: str) -> tuple[dict, list[str]]:
 def task(run_dir: str) -> str | None:
     """``dataset_name`` (``:dataset_config`` when set) from the first config beside the state
     that names one; None when none does."""
-    for p in config_files(run_dir):
-        if os.path.basename(p) == STATE_FILE:
-            continue
-        try:
-            d = load_structured(p)
-        except (ValueError, OSError):
-            continue
-        if not isinstance(d, dict):
-            continue
+    for _, d in _configs_beside(run_dir):
         name, conf = d.get("dataset_name"), d.get("dataset_config")
         if isinstance(name, str) and name:
             return f"{name}:{conf}" if isinstance(conf, str) and conf else name
