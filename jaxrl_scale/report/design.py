@@ -41,6 +41,19 @@ def regime_lines(summary: Summary | dict) -> list[str]:
     return out
 
 
+def lora_lines(summary: Summary | dict) -> list[str]:
+    """Which configs trained LoRA adapters on a frozen base (their lr is the adapters')."""
+    s = as_summary(summary)
+    if not s.lora:
+        return []
+    cells = [f"{g} (rank {x['rank']}, alpha {fmt(x.get('alpha'))}, "
+             f"{','.join(x.get('targets') or [])})" for g, x in sorted(s.lora.items())]
+    n = len(s.configs)
+    who = "every config" if len(cells) == n else f"{len(cells)} of {n} configs"
+    return [f"LoRA: {who} trained adapters on a frozen base, their lr the adapters': "
+            + "; ".join(cells) + "."]
+
+
 def lr_lines(summary: Summary | dict) -> list[str]:
     """One line per algorithm's lr tuning: the bracket, or a WARNING when the chosen lr is at
     the edge of the grid."""
@@ -150,5 +163,5 @@ def drift_lines(summary: Summary | dict) -> list[str]:
 
 def design_lines(summary: Summary | dict) -> list[str]:
     """regime, lr bracket, power, drift: the lines the report opens with."""
-    return (regime_lines(summary) + lr_lines(summary) + retune_lines(summary)
-            + power_lines(summary) + drift_lines(summary))
+    return (regime_lines(summary) + lora_lines(summary) + lr_lines(summary)
+            + retune_lines(summary) + power_lines(summary) + drift_lines(summary))

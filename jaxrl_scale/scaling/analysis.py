@@ -343,6 +343,19 @@ def clipped_update_fraction(run: Run) -> float | None:
 # ----------------------------------------------------------------------------- the summary
 
 
+def lora_configs(groups: dict[str, list[Run]]) -> dict:
+    """{config: {"rank", "alpha", "targets"}} of the configs whose runs trained LoRA adapters
+    (config.json lora_rank > 0): their lr is the adapters', so the report says so."""
+    out = {}
+    for g, rs in groups.items():
+        rank = sio.config_get(rs[0].config, "lora_rank")
+        if is_number(rank) and rank > 0:
+            t = sio.config_get(rs[0].config, "lora_targets")
+            out[g] = {"rank": int(rank), "alpha": sio.config_get(rs[0].config, "lora_alpha"),
+                      "targets": list(t) if isinstance(t, (list, tuple)) else t}
+    return out
+
+
 def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = None,
                  tolerance: float = 0.25, fit_sigmoid: bool = False, *,
                  skipped: Sequence[dict] = (), ci_level: float = stats.CI_LEVEL,
@@ -503,6 +516,7 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
         # issue 27 item 1: the primary algorithm's lr record, and all of them
         lr_tuning=(tuning.get(primary) or next(iter(tuning.values()))) if tuning else None,
         lr_tuning_by_algo=tuning or None,
+        lora=lora_configs(groups) or None,
         lr_tuning_per_batch=extras.get("per_batch") or None,
         lr_tuning_cost=extras.get("cost") or None)
 
