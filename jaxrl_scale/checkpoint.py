@@ -145,7 +145,14 @@ class Checkpointer:
         (one may still be writing into the temporary directory; 10 s at most in all)."""
         deadline = time.monotonic() + 10.0
         for t in set(threading.enumerate()) - threads_before:
-            t.join(timeout=max(0.0, deadline - time.monotonic()))
+            while True:
+                try:
+                    t.join(timeout=max(0.0, deadline - time.monotonic()))
+                    break
+                except RuntimeError:   # start() called, not running yet: join refuses it
+                    if time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.005)
         for path in glob.glob(os.path.join(self.directory, f"{step}{_TMP_SUFFIX}*")):
             shutil.rmtree(path, ignore_errors=True)
         self._mngr.reload()
