@@ -23,12 +23,23 @@ def _mc(r, z=2.0):
     return z * r["mc_se"]
 
 
-@pytest.mark.parametrize("design", [cal.DEFAULT, cal.POWERED], ids=["default", "powered"])
+@pytest.mark.parametrize("design", [cal.DEFAULT, cal.SAMPLED_3_SEEDS, cal.POWERED],
+                         ids=["default", "sampled_3_seeds", "powered"])
 def test_null_sweeps_name_a_winner_at_most_10_percent(design):
     r = cal.fast_rates(design, N, seed=11)
     assert r["any_wrong"]["rate"] <= 0.10 + _mc(r["any_wrong"]), r["any_wrong"]
     assert r["coverage_T"]["rate"] >= 0.88 - _mc(r["coverage_T"]), r["coverage_T"]
     assert r["coverage_r_N"]["rate"] >= 0.88 - _mc(r["coverage_r_N"])
+
+
+def test_default_design_detects_r_N_1_3_with_80_percent_power():
+    """The default study (5 sqrt-lr batches, 12 seeds, exact evals every 1,024 responses) at
+    the recorded seed spread (0.18 in log N*): a true r_N = 1.3 at B = 1,024 is called slower
+    >= 80% of the time, the other configs stay within the family-wise error."""
+    r = cal.fast_rates(cal.DEFAULT, N, seed=17, r_N={BIG: 1.3})
+    assert r["slower"][BIG]["rate"] >= 0.80 - _mc(r["slower"][BIG]), r["slower"][BIG]
+    assert r["any_wrong"]["rate"] <= 0.10 + _mc(r["any_wrong"])
+    assert r["median_min_detectable_r_N"] <= 1.3
 
 
 def test_power_at_r_N_1_5_on_the_powered_design():
@@ -40,10 +51,10 @@ def test_power_at_r_N_1_5_on_the_powered_design():
     assert r["coverage_T_by_config"][BIG]["rate"] >= 0.88 - _mc(r["coverage_T_by_config"][BIG])
 
 
-def test_default_design_power_is_recorded_honestly():
-    """3 seeds, evals every 5,120: the power at r_N = 1.5 is well below 80% (about 0.4; the
+def test_sampled_3_seed_design_power_is_recorded_honestly():
+    """The default before the powered design, 3 seeds, evals every 5,120: the power at r_N = 1.5 is well below 80% (about 0.4; the
     linear interpolation between two evals also biases r_N toward 1)."""
-    r = cal.fast_rates(cal.DEFAULT, N, seed=13, r_N={BIG: 1.5})
+    r = cal.fast_rates(cal.SAMPLED_3_SEEDS, N, seed=13, r_N={BIG: 1.5})
     assert 0.2 < r["slower"][BIG]["rate"] < 0.7, r["slower"][BIG]
 
 
@@ -66,7 +77,7 @@ def test_power_line_warns_when_few_evals_fall_before_n_star():
     from jaxrl_scale.scaling.analysis import analyze_runs
     from jaxrl_scale.report.design import power_lines
     rng = np.random.default_rng(3)
-    s = analyze_runs(cal.simulate_runs(cal.DEFAULT, rng), "auto", n_boot=20)
+    s = analyze_runs(cal.simulate_runs(cal.SAMPLED_3_SEEDS, rng), "auto", n_boot=20)
     line = power_lines(s)[0]
     assert line.startswith("Power [grpo]: with 3 seeds") and "Caution: the median run" in line
     dense = dataclasses.replace(cal.POWERED, eval_every=512)   # >= 6 evals before N*
@@ -104,6 +115,50 @@ def test_paired_contrast_and_equivalence_on_known_data():
 
 @pytest.mark.slow
 def test_calibration_through_analyze_runs_slow():
-    r = cal.calibrate(cal.DEFAULT, 150, seed=0, effects=(1.5,), n_boot=50)
+    r = cal.calibrate(cal.SAMPLED_3_SEEDS, 150, seed=0, effects=(1.5,), n_boot=50)
     assert r["null_fwer"]["rate"] <= 0.10 + _mc(r["null_fwer"])
     assert r["coverage_T"]["rate"] >= 0.88 - _mc(r["coverage_T"])
+
+
+def test_seeds_needed_is_the_smallest_design_that_reaches_1_3():
+    """Exact arithmetic: at the returned K the min detectable r_N is <= 1.3, at K - 1 it is
+    not; fewer configs (a milder Holm step) never need more seeds; a hopeless spread is None."""
+    lim = math.log(fw.DESIGN_TARGET_R_N)
+    for sigma, c, m in ((0.18, 8, 7), (0.23, 8, 7), (0.2, 4, 3), (0.05, 8, 7), (0.31, 10, 13)):
+        k = fw.seeds_needed(sigma, c, m, 0.1)
+        mde = lambda kk: fw.min_detectable_log_ratio(sigma * math.sqrt(2 / kk),
+                                                     (c - 1) * (kk - 1), 0.1, m)
+        assert mde(k) <= lim and (k == 2 or mde(k - 1) > lim), (sigma, c, m, k)
+        assert fw.seeds_needed(sigma, 4, 3, 0.1) <= k
+    assert fw.seeds_needed(3.0, 8, 7, 0.1) is None
+    d = fw.design_for_target({"configs": 8, "sigma_log_N": 0.23, "paired": True}, 7, 0.1, 3)
+    assert d["this_family"]["runs"] == 8 * d["this_family"]["seeds"]
+    assert d["small_family"]["configs"] == 4 and d["small_family"]["tests"] == 3
+    assert d["this_family"]["runs_factor"] == pytest.approx(d["this_family"]["seeds"] / 3)
+
+
+def test_the_seeds_the_power_line_asks_for_give_the_stated_power():
+    """Simulated sweeps with a known truth: the seeds 3-seed sweeps ask for (median over
+    sweeps of the power line's number) detect a true r_N = 1.3 with 80% power, within Monte
+    Carlo error, and keep the family-wise error; 3 seeds detect it far less often."""
+    k = cal.fast_rates(dataclasses.replace(cal.POWERED, seeds=3), 100, seed=14)[
+        "median_seeds_for_target"]
+    assert 10 <= k <= 20, k      # sigma about 0.2 in log N*: 14 at the recorded spread
+    r = cal.fast_rates(dataclasses.replace(cal.POWERED, seeds=int(k)), N, seed=15,
+                       r_N={BIG: 1.3})
+    assert r["slower"][BIG]["rate"] >= 0.80 - _mc(r["slower"][BIG]), r["slower"][BIG]
+    assert r["any_wrong"]["rate"] <= 0.10 + _mc(r["any_wrong"])
+    r3 = cal.fast_rates(dataclasses.replace(cal.POWERED, seeds=3), N, seed=16, r_N={BIG: 1.3})
+    assert r3["slower"][BIG]["rate"] < 0.4, r3["slower"][BIG]
+
+
+def test_power_line_says_what_design_reaches_1_3():
+    from jaxrl_scale.report.design import power_lines
+    from jaxrl_scale.scaling.analysis import analyze_runs
+    s = analyze_runs(cal.simulate_runs(cal.SAMPLED_3_SEEDS, np.random.default_rng(5)), "auto",
+                     n_boot=20)
+    d = s["power"]["grpo"]["design_for_target"]
+    line = power_lines(s)[0]
+    assert (f"To detect r_N >= 1.3 with 80% power at this spread it needs "
+            f"{d['this_family']['seeds']} seeds per config") in line, line
+    assert "with the reference and 3 other configs" in line

@@ -211,7 +211,7 @@ def test_regime_unknown_without_generation_times():
     from jaxrl_scale.report.design import regime_lines
     from jaxrl_scale.scaling import calibration as cal
     from jaxrl_scale.scaling.analysis import analyze
-    s = analyze(cal.simulate_runs(cal.DEFAULT, np.random.default_rng(0)), "auto", n_boot=20)
+    s = analyze(cal.simulate_runs(cal.SAMPLED_3_SEEDS, np.random.default_rng(0)), "auto", n_boot=20)
     assert s.algos["grpo"].regime["regime"] == "unknown"
     assert "gen_s" in s.algos["grpo"].regime["reason"] and regime_lines(s) == []
 
@@ -223,7 +223,7 @@ def test_report_says_which_configs_trained_lora():
     from jaxrl_scale.report.design import design_lines
     from jaxrl_scale.scaling import calibration as cal
     from jaxrl_scale.scaling.analysis import analyze
-    runs = cal.simulate_runs(cal.DEFAULT, np.random.default_rng(0))
+    runs = cal.simulate_runs(cal.SAMPLED_3_SEEDS, np.random.default_rng(0))
     lora = {"lora_rank": 8, "lora_alpha": 16.0, "lora_targets": ["q", "v"]}
     runs = [dc.replace(r, config={**r.config, **lora}) if r.group == "grpo_P8_G8_sqrt" else r
             for r in runs]
@@ -233,5 +233,5 @@ def test_report_says_which_configs_trained_lora():
     assert line == ["LoRA: 1 of 8 configs trained adapters on a frozen base, their lr the "
                     "adapters': grpo_P8_G8_sqrt (rank 8, alpha 16, q,v)."]
     assert s.to_json()["lora"]["grpo_P8_G8_sqrt"]["rank"] == 8
-    plain = analyze(cal.simulate_runs(cal.DEFAULT, np.random.default_rng(0)), "auto", n_boot=20)
+    plain = analyze(cal.simulate_runs(cal.SAMPLED_3_SEEDS, np.random.default_rng(0)), "auto", n_boot=20)
     assert plain.lora is None and not any(x.startswith("LoRA") for x in design_lines(plain))

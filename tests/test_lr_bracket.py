@@ -142,7 +142,7 @@ def test_retune_lr_per_batch_tunes_every_batch_and_runs_its_own_lr(tmp_path):
     from jaxrl_scale.scaling.analysis import analyze
     import dataclasses
     import numpy as np
-    s = analyze(cal.simulate_runs(cal.DEFAULT, np.random.default_rng(0)), "auto", n_boot=20)
+    s = analyze(cal.simulate_runs(cal.SAMPLED_3_SEEDS, np.random.default_rng(0)), "auto", n_boot=20)
     s = dataclasses.replace(s, lr_tuning_per_batch=ex["per_batch"], lr_tuning_cost=ex["cost"])
     (line,) = retune_lines(s)
     assert retune_lines(s.to_json()) == [line]      # the same from summary.json's dict

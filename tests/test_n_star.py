@@ -87,7 +87,7 @@ def test_r_n_unbiased_on_noisy_sweeps():
     """Simulated sweeps (binomial eval noise, seed-to-seed spread) with evals every 512
     responses: the mean log r_N of a config with true r_N 1.5 and one with 0.67 are within
     3.5 Monte Carlo SE of the truth."""
-    d = dataclasses.replace(cal.DEFAULT, eval_every=512)
+    d = dataclasses.replace(cal.SAMPLED_3_SEEDS, eval_every=512)
     big, small = "grpo_P128_G8_sqrt", "grpo_P8_G8_sqrt"
     truth = {big: 1.5, small: 1 / 1.5}
     est = cal.simulate_estimates(d, 300, np.random.default_rng(11), r_N=truth)

@@ -190,6 +190,10 @@ def test_eval_se_is_the_within_prompt_sampling_noise():
     (dict(rollout="vllm"), "rollout"),
     (dict(rollout="generate", gen_batch_ratio=2), "rollout.*synchronous"),
     (dict(engine_steps=0), "engine_steps"),
+    (dict(eval_mode="mc"), "eval_mode"),
+    (dict(eval_mode="exact", top_k=5), "eval_mode.*top_k"),
+    (dict(eval_mode="exact", temperature=0.0), "eval_mode.*temperature"),
+    (dict(eval_mode="exact", task="countdown", task_kwargs={}), "eval_mode.*exact-match"),
 ])
 def test_bad_config_names_the_field(tmp_path, data_dir, kw, field):
     with pytest.raises(ValueError, match=field):
@@ -472,3 +476,24 @@ def test_moe_run_with_expert_mesh_and_sparse_dispatch(tmp_path, data_dir):
     recs = [r for r in _records(str(tmp_path)) if "actor_loss" in r]
     assert len(recs) == 2 and all(np.isfinite(r["actor_loss"]) for r in recs)
     assert all(np.isfinite(r["router_aux_loss"]) for r in recs)
+
+
+def test_exact_eval_run_logs_the_answer_probability(tmp_path, data_dir):
+    """A run with eval_mode "exact" logs, at every eval, the mean answer probability of its
+    params (rl/exact_eval.answer_probability on the eval prompts), no eval_se or eval_n (so
+    the analysis takes the curve's jitter) and no greedy decode."""
+    from jaxrl_scale.experiment.train import Run
+    from jaxrl_scale.rl.exact_eval import answer_probability
+    cfg = tiny_cfg(tmp_path, data_dir, eval_mode="exact", max_steps=2)
+    run_training(cfg)
+    evals = [r for r in _records(str(tmp_path)) if "score" in r]
+    assert [e["step"] for e in evals] == [0, 2]
+    for e in evals:
+        assert e["eval_mode"] == "exact" and 0 < e["score"] < 1
+        assert "eval_se" not in e and "eval_n" not in e and "score_greedy" not in e
+    run = Run(cfg.replace(run_dir=str(tmp_path / "again")))
+    p = answer_probability(run.model_cfg, run.policy_params(run.init_states[0]), run.tok,
+                           run.eval_rows, prompt_len=run.prompt_len,
+                           max_new_tokens=cfg.max_new_tokens,
+                           temperature=cfg.sampling.temperature)
+    assert float(p.mean()) == pytest.approx(evals[0]["score"], rel=1e-5)

@@ -17,6 +17,7 @@ from jaxrl_scale.sampling.rules import SamplingConfig
 ALGOS = ("grpo", "ppo")
 ROLLOUTS = ("auto", "engine", "generate")
 WANDB_MODES = ("", "online", "offline", "disabled")
+EVAL_MODES = ("sampled", "exact")
 # The built-in CPU task: 2-digit addition and subtraction (answers of 1-3 characters).
 # arith_chain (chains of such operations with shown work) takes the same knobs.
 DEFAULT_TASK_KWARGS = {"digits": 2, "ops": "+-"}
@@ -130,6 +131,10 @@ class TrainConfig:
     eval_every: int = 5
     eval_prompts: int = 128
     eval_samples: int = 4
+    # "sampled": eval_samples responses per prompt, scored by the reward; "exact": per prompt
+    # the probability that a sampled response earns an exact-match reward, from the policy's
+    # token probabilities (rl/exact_eval.py: no sampling noise, one forward pass).
+    eval_mode: str = "sampled"
     # Rows per generate call. Eval batches (prompts x samples) are split into chunks of this
     # size: one call over all rows pads to the next power of two and is slower per row on CPU.
     generate_chunk: int = 4096
@@ -290,6 +295,7 @@ INT_FIELDS = {f.name for c in (TrainConfig, OptimConfig, LossConfig, SamplingCon
 def _enums() -> dict[str, tuple]:
     from jaxrl_scale.models.config import MOE_DISPATCHES
     return {"algo": ALGOS, "rollout": ROLLOUTS, "lr_rule": ADAM_RULES, "wandb_mode": WANDB_MODES,
+            "eval_mode": EVAL_MODES,
             "moe_dispatch": MOE_DISPATCHES,
             **LOSS_CHOICES}   # the loss's choices: one table, rl/config.py
 
@@ -392,6 +398,25 @@ def _check_reward(cfg: TrainConfig) -> None:
     except ValueError as e:
         raise _err("reward_fn", str(e), "pass --reward_fn=package.module:function, importable "
                    "from the working directory or PYTHONPATH") from None
+
+
+def _check_eval_mode(cfg: TrainConfig) -> None:
+    """The exact eval reads P(answer) off the sampler's distribution: it needs a temperature,
+    no truncation of that distribution, and an exact-match reward (rl/exact_eval.py)."""
+    if cfg.eval_mode != "exact":
+        return
+    from jaxrl_scale.data.rewards import REWARDS
+    from jaxrl_scale.rl.exact_eval import EXACT_REWARDS
+    sc = cfg.sampling
+    if not sc.temperature > 0 or sc.top_k or sc.top_p < 1:
+        raise _err("eval_mode", f"'exact' needs plain sampling (temperature > 0, top_k 0, "
+                   f"top_p 1), got temperature {sc.temperature}, top_k {sc.top_k}, top_p "
+                   f"{sc.top_p}", "use --eval_mode=sampled, or drop top_k / top_p")
+    r = REWARDS.get(cfg.task)
+    fn = cfg.reward_fn or (f"{r.__module__}:{r.__name__}" if r else None)
+    if fn not in EXACT_REWARDS:
+        raise _err("eval_mode", f"'exact' needs an exact-match reward (one canonical answer), "
+                   f"and task {cfg.task!r} is scored by {fn}", "use --eval_mode=sampled")
 
 
 def _check_task(cfg: TrainConfig) -> None:
@@ -505,6 +530,7 @@ def validate(cfg: TrainConfig, *, data_parallel: int | None = None,
     _check_paths(cfg)
     _check_task(cfg)
     _check_reward(cfg)
+    _check_eval_mode(cfg)
     _check_wandb(cfg)
     if data_parallel is not None and cfg.critic_minibatches > 1 and (
             cfg.batch_train // (cfg.micro_batches * cfg.critic_minibatches)) % data_parallel:

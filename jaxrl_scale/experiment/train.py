@@ -51,6 +51,7 @@ from jaxrl_scale.experiment.writers import close_all, make_writers, write_all
 from jaxrl_scale.models import get_config, init_params, load_hf
 from jaxrl_scale.models import lora
 from jaxrl_scale.models.tokenizer import load_tokenizer
+from jaxrl_scale.rl import exact_eval
 from jaxrl_scale.rl.batch import RolloutBatch, check_shared_prompts, rollout_batch
 from jaxrl_scale.rl.config import StepOptions
 from jaxrl_scale.rl.partial import PartialRollout
@@ -236,6 +237,10 @@ class Run:
                                                            cfg.micro_batches)}
         # KL to a frozen reference: the initial policy (rebuilt the same way on resume).
         # (Off-policy rollouts need no scoring pass: cfg.loss.decoupled, see LossConfig.)
+        self._exact_scorer = None   # built at the first exact eval (rl/exact_eval.py)
+        # all eval rows in one call, unless their [rows, T, vocab] log-probs pass 2^28 floats
+        self._exact_chunk = max(1, min(len(self.eval_rows), 2 ** 28 // (
+            (self.prompt_len + cfg.max_new_tokens) * self.model_cfg.vocab_size)))
         self.ref_params = self.score_ref = None
         if cfg.loss.kl_coef:
             self.ref_params = jax.tree.map(jnp.copy, self.policy_params(self.init_states[0]))
@@ -397,11 +402,14 @@ class Run:
         return loop, rec
 
     def evaluate(self, loop: LoopState) -> tuple[LoopState, dict[str, float]]:
-        """Held-out accuracy at loop.step: mean over eval_samples samples per prompt, plus
-        greedy; the loop state counts the eval's reward failures."""
+        """Held-out accuracy at loop.step: mean over eval_samples samples per prompt (or, with
+        eval_mode "exact", the mean probability of a rewarded sample), plus greedy; the loop
+        state counts the eval's reward failures."""
         cfg = self.cfg
         seed = jax.random.fold_in(jax.random.PRNGKey(cfg.seed + 7919), loop.step)
         params = self.policy_params(loop.states[0])
+        if cfg.eval_mode == "exact":
+            return self._evaluate_exact(loop, params, seed)
         r_sampled, f_sampled = self.rewards(self.sample(
             params, self.eval_rows, cfg.eval_samples, seed, cfg.sampling.temperature))
         r_greedy, f_greedy = self.rewards(self.sample(params, self.eval_rows, 1, seed, 0.0))
@@ -410,6 +418,24 @@ class Run:
         return loop, {"score": float(ok_PK.mean()), "eval_n": int(ok_PK.size),
                       "eval_se": eval_se(ok_PK), "score_greedy": float((r_greedy > 0).mean()),
                       "eval_n_greedy": int(r_greedy.size)}
+
+
+    def _evaluate_exact(self, loop: LoopState, params, seed):
+        """Mean P_exact over the eval prompts (rl/exact_eval.py): no sampling noise, so no
+        eval_se or eval_n (the analysis takes the curve's own jitter), and no decode at all
+        (no greedy score either: it would cost as much as the exact score)."""
+        del seed   # nothing is sampled
+        cfg = self.cfg
+        if self._exact_scorer is None:
+            self._exact_scorer = exact_eval.make_scorer(
+                self.model_cfg, cfg.sampling.temperature, exact_eval.end_tokens(self.tok),
+                self.mesh, params)
+        p = exact_eval.answer_probability(
+            self.model_cfg, params, self.tok, self.eval_rows, prompt_len=self.prompt_len,
+            max_new_tokens=cfg.max_new_tokens, temperature=cfg.sampling.temperature,
+            mesh=self.mesh, scorer=self._exact_scorer, chunk=self._exact_chunk)
+        return loop, {"score": float(p.mean()), "eval_mode": "exact",
+                      "eval_prompts": len(self.eval_rows)}
 
 
 def eval_se(ok_PK: np.ndarray) -> float | None:
@@ -456,7 +482,7 @@ def step_metrics(m: dict, micro_batch_size: int, max_grad_norm: float,
 # What the step-0 eval depends on: the initial params, the eval prompts and the sampler.
 _EVAL0_FIELDS = ("model", "hf_checkpoint", "init_checkpoint", "tokenizer", "task", "task_kwargs",
                  "data_dir", "num_train_examples", "num_test_examples", "max_prompt_len",
-                 "eval_prompts", "eval_samples", "temperature", "top_k", "top_p",
+                 "eval_prompts", "eval_samples", "eval_mode", "temperature", "top_k", "top_p",
                  "max_new_tokens", "seed", "generate_chunk")
 
 

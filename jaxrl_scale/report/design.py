@@ -6,6 +6,7 @@ verdict."""
 from __future__ import annotations
 
 from jaxrl_scale.numbers import fmt, fmt_ci
+from jaxrl_scale.scaling.familywise import MAX_SEEDS
 from jaxrl_scale.scaling.summary import Summary, as_summary
 
 
@@ -127,8 +128,26 @@ def power_lines(summary: Summary | dict) -> list[str]:
             f"(or <= {fmt(p.get('min_detectable_T_over_T0_below'))}) with 80% power (measured "
             f"spread of log N* between seeds, eval noise included: {fmt(p['sigma_log_N'], 2)}, "
             f"{p['df']} df); power at r_N = 1.3: {fmt(pw.get('1.3'), 2)}, at 1.5: "
-            f"{fmt(pw.get('1.5'), 2)}." + _few_evals_note(s, algo))
+            f"{fmt(pw.get('1.5'), 2)}." + _design_note(p) + _few_evals_note(s, algo))
     return out
+
+
+def _design_note(p: dict) -> str:
+    """What the measured spread asks of a design that detects r_N >= 1.3 (issue 27 item 6)."""
+    d = p.get("design_for_target") or {}
+    here, small = d.get("this_family") or {}, d.get("small_family") or {}
+    if not here or (here.get("seeds") or 0) <= p["seeds"] and here.get("seeds"):
+        return ""
+    def cell(x):
+        if not x.get("seeds"):
+            return f"more than {MAX_SEEDS} seeds per config"
+        return (f"{x['seeds']} seeds per config ({x['runs']} runs, "
+                f"{fmt(x['runs_factor'], 2)}x this sweep's)")
+    out = (f" To detect r_N >= {fmt(d['r_N'])} with 80% power at this spread it needs "
+           f"{cell(here)}")
+    if small:
+        out += f", or {cell(small)} with the reference and {small['configs'] - 1} other configs"
+    return out + " (`--seeds`; `--prompts` and the study's configs set the family)."
 
 
 MIN_EVALS_BEFORE_N_STAR = 6   # issue 27 item 2: where N* is decided by evals, not by shape

@@ -39,7 +39,8 @@ class Design:
     seeds: int = 3
     max_responses: int = 15360
     eval_every: int = 5120
-    eval_n: int = 1500 * 16
+    eval_n: int = 1500 * 16     # samples per eval (binomial noise); 0: exact evals
+    eval_jitter: float = 0.0    # sd of the policy's own step-to-step change in the exact score
     # truth of the learning curve and the noise, as recorded in results/sweep_default*
     start: float = 0.216
     gain: float = 0.07
@@ -54,10 +55,24 @@ class Design:
         return self.configs[0][0]
 
 
-DEFAULT = Design()
-# The design the power claim is tested on: 8 seeds, evals every 1,024 responses (measured:
-# 5 seeds give power 0.72 at r_N = 1.5, 6 seeds 0.79, 8 seeds 0.91; results/calibration).
-POWERED = dataclasses.replace(DEFAULT, seeds=8, eval_every=1024)
+# The default study before its powered design (8 configs, 3 seeds, 16 samples per prompt
+# every 5,120 responses): recorded in results/calibration.
+SAMPLED_3_SEEDS = Design()
+# 8 seeds, evals every 1,024 responses (measured: 5 seeds give power 0.72 at r_N = 1.5,
+# 6 seeds 0.79, 8 seeds 0.91; results/calibration).
+POWERED = dataclasses.replace(SAMPLED_3_SEEDS, seeds=8, eval_every=1024)
+# The default study (experiment/sweep.py STUDIES["default"]): the sqrt-lr ladder B = 64..1024,
+# 12 seeds, exact evals every 1,024 responses.
+DEFAULT = dataclasses.replace(
+    SAMPLED_3_SEEDS, configs=SAMPLED_3_SEEDS.configs[:5], seeds=12, eval_every=1024, eval_n=0)
+
+
+def eval_scores(design: Design, p: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """What an eval reports for true scores p: Binomial(eval_n, p) / eval_n, or the exact
+    score with the policy's own jitter (eval_n 0)."""
+    if design.eval_n:
+        return rng.binomial(design.eval_n, p) / design.eval_n
+    return p + design.eval_jitter * rng.standard_normal(np.shape(p))
 
 
 def simulate_runs(design: Design, rng: np.random.Generator,
@@ -69,7 +84,7 @@ def simulate_runs(design: Design, rng: np.random.Generator,
     base = {"base_batch": design.configs[0][1], "algo": "grpo"}
     ev = np.arange(0, design.max_responses + 1, design.eval_every, dtype=float)
     p0 = design.start
-    eval0 = rng.binomial(design.eval_n, p0, size=design.seeds) / design.eval_n
+    eval0 = eval_scores(design, np.full(design.seeds, p0), rng)
     for name, batch, rule in design.configs:
         q = design.q * q_ratio.get(name, 1.0)
         slow = math.exp(design.drift * rng.standard_normal()) if design.drift else 1.0
@@ -78,14 +93,15 @@ def simulate_runs(design: Design, rng: np.random.Generator,
             s = design.scale * r_N.get(name, 1.0) * math.exp(design.seed_sd *
                                                              rng.standard_normal())
             p = design.start + design.gain * (1 - np.exp(-ev / s))
-            sc = rng.binomial(design.eval_n, p) / design.eval_n
+            sc = eval_scores(design, p, rng)
             sc[0] = eval0[k]
             dur = batch / q * slow * np.exp(design.step_jitter * rng.standard_normal(steps))
             t = np.cumsum(dur)
             recs = [{"step": i + 1, "responses": float((i + 1) * batch), "time_s": float(t[i])}
                     for i in range(steps)]
             recs += [{"step": int(n // batch), "responses": float(n), "score": float(v),
-                      "eval_n": design.eval_n} for n, v in zip(ev, sc)]
+                      **({"eval_n": design.eval_n} if design.eval_n else {})}
+                     for n, v in zip(ev, sc)]
             runs.append(make_run(f"{name}_s{k}", recs, {**base, "name": f"{name}_s{k}",
                                                          "batch_train": batch,
                                                          "lr_rule": rule, "seed": k}))
@@ -202,12 +218,14 @@ def simulate_estimates(design: Design, n_sweeps: int, rng: np.random.Generator,
     scale = design.scale * np.array([r_N.get(c[0], 1.0) for c in design.configs])
     s = scale[None, :, None] * np.exp(design.seed_sd * rng.standard_normal((S, C, K)))
     p = design.start + design.gain * (1 - np.exp(-ev / s[..., None]))
-    sc = rng.binomial(design.eval_n, p) / design.eval_n
-    sc[..., 0] = (rng.binomial(design.eval_n, design.start, size=(S, 1, K))
-                  / design.eval_n)       # the shared step-0 eval
+    sc = eval_scores(design, p, rng)
+    sc[..., 0] = eval_scores(design, np.full((S, 1, K), design.start), rng)   # shared step 0
     y = sc.reshape(-1, E)
-    se = np.sqrt(np.clip(y, 0.5 / design.eval_n, 1 - 0.5 / design.eval_n) *
-                 (1 - np.clip(y, 0.5 / design.eval_n, 1 - 0.5 / design.eval_n)) / design.eval_n)
+    if design.eval_n:
+        c = np.clip(y, 0.5 / design.eval_n, 1 - 0.5 / design.eval_n)
+        se = np.sqrt(c * (1 - c) / design.eval_n)
+    else:        # analysis.eval_noise without a measured SE: the curve's jitter, or 1e-6
+        se = np.full_like(y, 1e-6)
     if E >= 5:   # analysis.eval_noise: never below the curve's own jitter
         a = 0.5
         resid = y[:, 1:-1] - (a * y[:, :-2] + a * y[:, 2:])
@@ -252,7 +270,7 @@ def fast_rates(design: Design, n_sweeps: int, seed: int = 0, r_N: dict | None = 
     ref = names[0]
     truth = {g: r_N.get(g, 1.0) / q_ratio.get(g, 1.0) for g in names}
     calls = {g: [] for g in names[1:]}
-    any_wrong, cov_T, cov_N, mde = [], [], [], []
+    any_wrong, cov_T, cov_N, mde, need = [], [], [], [], []
     cov_by = {g: [] for g in names[1:]}
     for i in range(n_sweeps):
         per_run, configs = {}, {}
@@ -287,10 +305,13 @@ def fast_rates(design: Design, n_sweeps: int, seed: int = 0, r_N: dict | None = 
         pw = familywise.power_fields(fw, level, "grpo")
         if pw["min_detectable_r_N"]:
             mde.append(pw["min_detectable_r_N"])
+            need.append((((pw["power"]["grpo"].get("design_for_target") or {})
+                          .get("this_family") or {}).get("seeds")) or math.inf)
     return {"n_sweeps": n_sweeps, "seed": seed,
             "slower": {g: _rate([v == "slower" for v in x]) for g, x in calls.items()},
             "faster": {g: _rate([v == "faster" for v in x]) for g, x in calls.items()},
             "any_wrong": _rate(any_wrong), "coverage_T": _rate(cov_T),
             "coverage_r_N": _rate(cov_N),
             "coverage_T_by_config": {g: _rate(x) for g, x in cov_by.items()},
-            "median_min_detectable_r_N": float(np.median(mde)) if mde else None}
+            "median_min_detectable_r_N": float(np.median(mde)) if mde else None,
+            "median_seeds_for_target": float(np.median(need)) if need else None}

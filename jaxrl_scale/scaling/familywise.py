@@ -354,6 +354,48 @@ def best_set(ok: list[str], configs: dict, per_run: dict, creps: dict, alpha: fl
     return sorted(keep, key=key)
 
 
+DESIGN_TARGET_R_N = 1.3   # issue 27 item 6: the smallest r_N a design should detect
+MAX_SEEDS = 64
+SMALL_FAMILY = 4          # the reference and three other configs (Holm over 3 tests)
+
+
+def seeds_needed(sigma: float, configs: int, m: int, alpha: float,
+                 target: float = DESIGN_TARGET_R_N, paired: bool = True,
+                 max_seeds: int = MAX_SEEDS) -> int | None:
+    """Smallest seeds per config K at which a family of `configs` configs (Holm over m tests)
+    detects r_N >= target with 80% power, given the per-run spread sigma of log N*: the
+    contrast's SE is sigma sqrt(2 / K), its df (C - 1)(K - 1) paired or C (K - 1) pooled.
+    None when even max_seeds do not reach it."""
+    if not (sigma > 0 and configs >= 2 and target > 1):
+        return None
+    for k in range(2, max_seeds + 1):
+        df = (configs - 1) * (k - 1) if paired else configs * (k - 1)
+        if min_detectable_log_ratio(sigma * math.sqrt(2.0 / k), df, alpha, m) <= math.log(
+                target):
+            return k
+    return None
+
+
+def design_for_target(fam: dict, m: int, alpha: float, k: int,
+                      target: float = DESIGN_TARGET_R_N) -> dict:
+    """Seeds the measured spread asks for to detect r_N >= target with 80% power: at this
+    sweep's family (its configs, m tests) and at a family of SMALL_FAMILY configs (fewer
+    configs, so a milder Holm correction and fewer runs per seed), with the runs each needs
+    as a multiple of this sweep's."""
+    c, sig, paired = fam.get("configs") or 0, fam["sigma_log_N"], bool(fam.get("paired"))
+    others = m - (c - 1)     # tests of other algorithms share the Holm family
+    out = {"r_N": target}
+    for name, cc, mm in (("this_family", c, m),
+                         ("small_family", SMALL_FAMILY, SMALL_FAMILY - 1 + max(others, 0))):
+        if cc < 2 or (name == "small_family" and cc >= c):
+            continue
+        kk = seeds_needed(sig, cc, mm, alpha, target, paired)
+        out[name] = {"configs": cc, "tests": mm, "seeds": kk,
+                     "runs": cc * kk if kk else None,
+                     "runs_factor": cc * kk / (c * k) if kk and c else None}
+    return out
+
+
 def design_power(fam: dict, m: int, level: float, k: int | None = None,
                  effects: Sequence[float] = (1.3, 1.5)) -> dict:
     """Power of this design (per algorithm family from `sweep_tests`): the smallest r_N and
@@ -373,6 +415,8 @@ def design_power(fam: dict, m: int, level: float, k: int | None = None,
                                 for e in effects}
     out["min_detectable_T_over_T0_below"] = (1 / out["min_detectable_T_over_T0"]
                                              if out["min_detectable_T_over_T0"] else None)
+    if fam.get("configs"):
+        out["design_for_target"] = design_for_target(fam, m, alpha, k)
     return out
 
 

@@ -19,7 +19,8 @@ ap.add_argument("--full_sweeps", type=int, default=200)
 ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "rates.json"))
 a = ap.parse_args()
 out = {}
-for name, d in (("default", cal.DEFAULT), ("powered", cal.POWERED)):
+for name, d in (("default", cal.DEFAULT), ("sampled_3_seeds", cal.SAMPLED_3_SEEDS),
+                ("powered", cal.POWERED)):
     t0 = time.time()
     row = {"fast": {"null": cal.fast_rates(d, a.fast_sweeps, seed=100)}}
     for e in (1.3, 1.5):

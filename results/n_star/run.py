@@ -62,10 +62,10 @@ for every in (5120, 1024):
             print(json.dumps(row), flush=True)
 
 BIG = "grpo_P128_G8_sqrt"
-designs = {"default (evals every 5,120 x 24,000 samples)": cal.DEFAULT,
+designs = {"default (evals every 5,120 x 24,000 samples)": cal.SAMPLED_3_SEEDS,
            "dense, same eval cost (every 1,024 x 4,800)": dataclasses.replace(
-               cal.DEFAULT, eval_every=1024, eval_n=4800),
-           "dense (every 1,024 x 24,000)": dataclasses.replace(cal.DEFAULT, eval_every=1024)}
+               cal.SAMPLED_3_SEEDS, eval_every=1024, eval_n=4800),
+           "dense (every 1,024 x 24,000)": dataclasses.replace(cal.SAMPLED_3_SEEDS, eval_every=1024)}
 for dname, d in designs.items():
     for ename, fn in (("chord", chord_batch), ("cubic", CUBIC)):
         stats.monotone_crossing_batch = fn      # the fast path calls it through the module
