@@ -229,3 +229,18 @@ def test_sweep_that_lost_a_run_says_so(tmp_path, monkeypatch):
     assert sweep_mod.exit_status({"errors": {}}) == (0, None)
     assert sweep_mod.exit_status({"errors": {}, "analysis_error": "x"}) == (1, None)
     assert sweep_mod.sweep_status({}, 6)["status"] == "complete"
+
+
+def test_study_evaluates_exactly_where_the_reward_allows():
+    """The study's exact eval falls back to samples for a task whose reward is not exact
+    match (arith_chain), unless --eval_mode was given (which then meets its own error)."""
+    from jaxrl_scale.cli.sweep import exact_eval_where_possible
+    from jaxrl_scale.experiment.config import validate
+    base = TrainConfig.make(eval_mode="exact")
+    assert exact_eval_where_possible(base, asked=False).eval_mode == "exact"
+    chain = TrainConfig.make(eval_mode="exact", task="arith_chain", task_kwargs={},
+                             max_new_tokens=75)
+    assert exact_eval_where_possible(chain, asked=False).eval_mode == "sampled"
+    kept = exact_eval_where_possible(chain, asked=True)
+    with pytest.raises(ValueError, match="eval_mode: 'exact' needs an exact-match reward"):
+        validate(kept)

@@ -3,11 +3,13 @@
 With no flags (--study=default): GRPO on the built-in 2-digit arithmetic task from the cached
 SFT warm-start of the character-level CPU policy; the base lr tuned at the reference batch
 B0 = 128 (P=16 x G=8) by a short stage of its own (1e-4, 2e-4, 3e-4); then P in
-{8, 16, 32, 64, 128} x G = 8 (64..1024 responses per update, 16x) with the sqrt lr rule, the
-fixed-lr control at P = 32 and 64, the equal-P*G pair P=32 x G=4, 3 seeds each, 2 micro-batches
+{8, 16, 32, 64, 128} x G = 8 (64..1024 responses per update, 16x) with the sqrt lr rule, 12
+seeds each (the power to detect r_N = 1.3), exact evals every 1,024 responses
+(--eval_mode=exact: the probability of a rewarded sample, no sampling noise), 2 micro-batches
 of whole groups (noise scale); then summary.json, report.md and figures in --sweep_dir, at a
-target chosen from the reference's curves (--target=auto). --study=full adds B = 32, a second
-pair and a PPO sweep, reusing the default's runs when given the same --sweep_dir.
+target chosen from the reference's curves (--target=auto). --study=full adds B = 32, the
+fixed-lr control at P = 32 and 64, two equal-P*G pairs and a PPO sweep at 3 seeds, reusing the
+default's runs of those seeds when given the same --sweep_dir.
 
     python experiments/sweep_batch.py
     python experiments/sweep_batch.py --study=full
@@ -16,7 +18,8 @@ pair and a PPO sweep, reusing the default's runs when given the same --sweep_dir
 
 --task=arith_chain runs the same study on chains of 1-6 operations with shown work (responses of
 tens of characters with a long tail, generation-heavy steps like LLM RL; results/workload/): the
-task brings its own response cap and warm-start (keyed by task).
+task brings its own response cap and warm-start (keyed by task), and is evaluated with samples
+(its reward reads the final number, so the exact eval does not apply).
 
 --gen_batch_ratios=1,2 runs every config also with asynchronous partial rollout (B_gen = 2 x
 B_train; runs named ..._k2_s<seed>) and adds the partial-vs-synchronous comparison to the report.
