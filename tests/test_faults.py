@@ -236,8 +236,11 @@ def _child(run_dir, data_dir, cache, point=None, n=0) -> subprocess.CompletedPro
                 point=point, n=n)
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)  # conftest, imported by the child, sets it
+    # SIGINT at its default in the child: a test suite started as a background job of a
+    # shell script inherits SIGINT ignored, and a run then (rightly) ignores Ctrl-C
     return subprocess.run([sys.executable, "-c", _CHILD, json.dumps(spec)], env=env,
-                          capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+                          capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _parallel(fn, items, jobs=2):

@@ -234,7 +234,7 @@ def test_sweep_that_lost_a_run_says_so(tmp_path, monkeypatch):
 def test_study_evaluates_exactly_where_the_reward_allows():
     """The study's exact eval falls back to samples for a task whose reward is not exact
     match (arith_chain), unless --eval_mode was given (which then meets its own error)."""
-    from jaxrl_scale.cli.sweep import exact_eval_where_possible
+    from jaxrl_scale.experiment.sweep import exact_eval_where_possible
     from jaxrl_scale.experiment.config import validate
     base = TrainConfig.make(eval_mode="exact")
     assert exact_eval_where_possible(base, asked=False).eval_mode == "exact"

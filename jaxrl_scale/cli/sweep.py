@@ -41,8 +41,8 @@ from jaxrl_scale.experiment.rundir import prepare_run_dir
 from jaxrl_scale.experiment.config import TrainConfig
 from jaxrl_scale.experiment.sft import SFTConfig, sft_config_for, sft_path, sft_warmstart
 from jaxrl_scale.experiment.sweep import (EXIT_RUNS_FAILED, STUDIES, SweepConfig, all_runs,
-                                          check_run_index, run_one, run_sweep, study_config,
-                                          validate_sweep)
+                                          check_run_index, exact_eval_where_possible,
+                                          run_one, run_sweep, study_config, validate_sweep)
 from jaxrl_scale.experiment.sweep import exit_status as sweep_exit_status
 
 SWEEP_HELP = {
@@ -99,20 +99,6 @@ flags.DEFINE_integer("run_index", None, "Run only this run of --list_runs and ex
                      "the analysis (a job array: --run_index=$SLURM_ARRAY_TASK_ID); study runs "
                      "need every lr-tuning run finished first.")
 FLAGS = flags.FLAGS
-
-
-def exact_eval_where_possible(base: TrainConfig, asked: bool) -> TrainConfig:
-    """The study evaluates exactly (rl/exact_eval.py) where the task's reward allows it; a task
-    scored otherwise (arith_chain, countdown, math) falls back to sampled evals unless
-    --eval_mode was given, which then gets its own error."""
-    if asked or base.eval_mode != "exact":
-        return base
-    from jaxrl_scale.experiment.config import _check_eval_mode
-    try:
-        _check_eval_mode(base)
-    except ValueError:
-        return base.replace(eval_mode="sampled")
-    return base
 
 
 def sweep_from_flags() -> SweepConfig:

@@ -106,6 +106,20 @@ STUDIES: dict[str, dict[str, Any]] = {
 }
 
 
+def exact_eval_where_possible(base: TrainConfig, asked: bool) -> TrainConfig:
+    """The study evaluates exactly (rl/exact_eval.py) where the task's reward allows it; a task
+    scored otherwise (arith_chain, countdown, math) falls back to sampled evals unless
+    --eval_mode was given, which then gets its own error."""
+    if asked or base.eval_mode != "exact":
+        return base
+    from jaxrl_scale.experiment.config import _check_eval_mode
+    try:
+        _check_eval_mode(base)
+    except ValueError:
+        return base.replace(eval_mode="sampled")
+    return base
+
+
 def study_config(name: str, **overrides) -> SweepConfig:
     if name not in STUDIES:
         raise ConfigError("study", f"{name!r} is unknown", f"use one of {sorted(STUDIES)}")
