@@ -34,6 +34,7 @@ from jaxrl_scale import distributed as dist
 from jaxrl_scale import sharding as shd
 from jaxrl_scale.models import forward
 from jaxrl_scale.rl.batch import pack_sequences
+from jaxrl_scale.rl.losses import token_logprobs
 from jaxrl_scale.rl.state import state_shardings
 
 EXACT_REWARDS = ("jaxrl_scale.data.rewards:exact_match",)   # accepted: the rows below
@@ -71,11 +72,12 @@ def answer_logprob(cfg, params: Any, tokens_BT: jax.Array, valid_BT: jax.Array,
     """log P(answer, then one of `ends` where terminated) per row, float32 [B]: the answer
     tokens' log-probs under softmax(logits / temperature), plus the log of the summed
     probability of the `ends` tokens at column end_B (the column after the answer)."""
-    z_BTV = forward(cfg, params, tokens_BT, valid_BT).astype(jnp.float32) / temperature
-    logp_BTV = jax.nn.log_softmax(z_BTV[:, :-1])        # predicts tokens_BT[:, 1:]
-    picked_BT = jnp.take_along_axis(logp_BTV, tokens_BT[:, 1:, None], axis=-1)[..., 0]
+    logits_BTV = forward(cfg, params, tokens_BT, valid_BT)
+    # the answer tokens' log-probs as the update scores them (predicting tokens_BT[:, 1:])
+    picked_BT = token_logprobs(logits_BTV[:, :-1], tokens_BT[:, 1:], temperature)
     ans_B = jnp.sum(jnp.where(answer_BT[:, 1:], picked_BT, 0.0), axis=1)
-    at_BV = jnp.take_along_axis(logp_BTV, (end_B - 1)[:, None, None], axis=1)[:, 0]
+    at_BV = jnp.take_along_axis(logits_BTV, (end_B - 1)[:, None, None], axis=1)[:, 0]
+    at_BV = jax.nn.log_softmax(at_BV.astype(jnp.float32) / temperature)   # only where it ends
     end_B_ = jax.nn.logsumexp(at_BV[:, jnp.asarray(ends)], axis=-1)
     return ans_B + jnp.where(terminated_B, end_B_, 0.0)
 
