@@ -74,15 +74,29 @@ def test_full_analysis_agrees_with_the_fast_path():
 
 
 def test_power_line_warns_when_few_evals_fall_before_n_star():
+    """The analysis counts the evals before each run's N* (power[algo]["evals_before_N_star"],
+    checked against the runs' own counts); the report warns when any run has fewer than 6
+    and says N* was decided by evals when none has; a later target adds evals before N*."""
     from jaxrl_scale.scaling.analysis import analyze_runs
     from jaxrl_scale.report.design import power_lines
     rng = np.random.default_rng(3)
     s = analyze_runs(cal.simulate_runs(cal.SAMPLED_3_SEEDS, rng), "auto", n_boot=20)
+    e = s["power"]["grpo"]["evals_before_N_star"]
+    k = [x["evals_before_N_star"] for x in s["runs"].values()]
+    assert e["needed"] == 6 and e["runs"] == len(k) == 24 and e["min"] == min(k)
+    assert e["runs_below"] == sum(v < 6 for v in k) > 0 and e["median"] == np.median(k)
     line = power_lines(s)[0]
-    assert line.startswith("Power [grpo]: with 3 seeds") and "Caution: the median run" in line
-    dense = dataclasses.replace(cal.POWERED, eval_every=512)   # >= 6 evals before N*
-    s = analyze_runs(cal.simulate_runs(dense, rng), "auto", n_boot=20)
-    assert "Caution" not in power_lines(s)[0]
+    assert line.startswith("Power [grpo]: with 3 seeds")
+    assert f"Caution: {e['runs_below']} of 24 runs have fewer than 6 evals" in line
+    runs = cal.simulate_runs(dataclasses.replace(cal.POWERED, eval_every=512), rng)
+    early = analyze_runs(runs, "auto", n_boot=20, target_fraction=0.5)
+    late = analyze_runs(runs, "auto", n_boot=20, target_fraction=0.75)
+    assert late["target"] > early["target"] and late["target_rule"]["fraction"] == 0.75
+    assert late["power"]["grpo"]["evals_before_N_star"]["min"] > \
+        early["power"]["grpo"]["evals_before_N_star"]["min"]
+    assert late["power"]["grpo"]["evals_before_N_star"]["runs_below"] == 0
+    assert "Caution" not in power_lines(late)[0]
+    assert "N* decided by evals: every run has >= 6 evals" in power_lines(late)[0]
 
 
 def test_t_distribution_and_holm():

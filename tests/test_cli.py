@@ -74,6 +74,7 @@ SWEEP_ROWS = [
     ("--gen_batch_ratios=0", "gen_batch_ratios"), ("--base_prompts=7", "base_prompts"),
     ("--max_responses=0", "max_responses"), ("--tune_lrs=-1", "tune_lrs"),
     ("--group_sizes=1", "group_size"), ("--clip_low=-1", "clip_low"),
+    ("--target_fraction=1.2", "target_fraction"), ("--target_fraction=0", "target_fraction"),
     ("--prompts=8,16 --base_prompts=16 --fixed_prompts=", "REACHED"),   # a good grid runs
 ]
 SFT_ROWS = [
@@ -272,6 +273,8 @@ def test_analyze_bad_inputs_one_line_each(tmp_path):
         (f"--sweep_dir={good} --ci_level=0", "ci_level"),
         (f"--sweep_dir={good} --tolerance=-1", "tolerance"),
         (f"--sweep_dir={good} --tolerance=nan", "tolerance"),
+        (f"--sweep_dir={good} --target_fraction=1", "target_fraction"),
+        (f"--sweep_dir={good} --target_fraction=0", "target_fraction"),
         (f"--sweep_dir={good} --responses_per_step=0", "responses_per_step"),
         (f"--sweep_dir={good} --world_size=0", "world_size"),
         ("--n_boot=1000", "sweep_dir"),

@@ -72,6 +72,44 @@ def test_known_sample_cost_is_detected(tmp_path):
     assert s["best_set"] and "grpo_B256_sqrt" not in s["best_set"]
 
 
+def test_point_estimates_are_the_centres_of_their_t_intervals(tmp_path):
+    """r_N, r_q and T/T0 printed beside a t interval on the log ratio are that interval's
+    centre (the geometric mean of the seed-paired ratios), not the ratio of seed means, which
+    stays as *_ratio_of_means; T/T0 = r_N / r_q holds for the points."""
+    write_config(tmp_path, "grpo_B32_sqrt", 32)
+    write_config(tmp_path, "grpo_B128_sqrt", 128, cost=1.3, budget=36000, q=400.0)
+    s = scaling.analyze_sweep(str(tmp_path))
+    c = s["configs"]["grpo_B128_sqrt"]
+    assert c["test"] == "paired t"
+    for name in ("r_N", "r_q", "T_over_T0"):
+        lo, hi = c[name + "_ci"]
+        assert math.log(c[name]) == pytest.approx(0.5 * (math.log(lo) + math.log(hi)),
+                                                  rel=1e-9, abs=1e-12)
+        assert c[name] == c[name + "_geo"]
+        assert c[name + "_ratio_of_means"] is not None
+    n_star = [s["runs"][f"grpo_B128_sqrt_s{k}"]["N_star"] / s["runs"][f"grpo_B32_sqrt_s{k}"]
+              ["N_star"] for k in range(3)]
+    assert c["r_N"] == pytest.approx(math.exp(np.mean(np.log(n_star))), rel=1e-9)
+    assert c["T_over_T0"] == pytest.approx(c["r_N"] / c["r_q"], rel=1e-9)
+
+
+def test_auto_target_fraction_is_the_studys_own(tmp_path):
+    """A study's target_fraction (sweep.json) sets the auto target when its directory is
+    re-analysed; an explicit one wins; logs without a record get 0.5."""
+    import json
+    write_config(tmp_path, "grpo_B32_sqrt", 32)
+    write_config(tmp_path, "grpo_B64_sqrt", 64)
+    plain = scaling.analyze_sweep(str(tmp_path), n_boot=20)
+    (tmp_path / "sweep.json").write_text(json.dumps({"sweep": {"target_fraction": 0.75}}))
+    rec = scaling.analyze_sweep(str(tmp_path), n_boot=20)
+    given = scaling.analyze_sweep(str(tmp_path), n_boot=20, target_fraction=0.5)
+    r = rec["target_rule"]
+    assert plain["target_rule"]["fraction"] == 0.5 and r["fraction"] == 0.75
+    assert rec["target"] == pytest.approx(r["start"] + 0.75 * (r["reach"] - r["start"]),
+                                          abs=5e-5)   # rounded to 4 places
+    assert given["target"] == plain["target"] < rec["target"]
+
+
 def test_reference_is_the_base_batch_not_the_smallest(tmp_path):
     """(c) base_batch = 64 in config.json picks B = 64 although B = 32 is in the sweep."""
     for b in (32, 64, 128):

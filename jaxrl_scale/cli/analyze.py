@@ -29,7 +29,11 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("sweep_dir", None, "Directory whose subdirectories are runs "
                     "(config.json + metrics.jsonl).")
 flags.DEFINE_string("target", "auto", "Validation score target J*, or 'auto': the reference's "
-                    "start + half of what all its seeds reach (at least 3 eval SEs).")
+                    "start + --target_fraction of the way to what all its seeds reach (at "
+                    "least 3 eval SEs).")
+flags.DEFINE_float("target_fraction", None, "Where the auto target sits between the start and "
+                   "what every reference seed reaches (0..1; default: the study's, recorded in "
+                   "SWEEP_DIR/sweep.json, else 0.5).")
 flags.DEFINE_string("reference", None, "Reference run or config name (default, per algorithm: "
                     "the config at the sweep's base_batch, else the smallest sqrt-lr batch).")
 flags.DEFINE_float("tolerance", 0.25, "Critical training batch: largest B whose r_N interval "
@@ -114,6 +118,10 @@ def check_flags() -> None:
         if not math.isfinite(t) or t < 0:
             raise ConfigError("target", f"must be a finite score >= 0, got {FLAGS.target}",
                               "pass --target=auto or a score such as --target=0.6")
+    f = FLAGS.target_fraction
+    if f is not None and not (math.isfinite(f) and 0 < f < 1):
+        raise ConfigError("target_fraction", f"must lie strictly between 0 and 1, got {f}",
+                          "e.g. --target_fraction=0.75, or leave it out for the study's own")
     if not (math.isfinite(FLAGS.tolerance) and FLAGS.tolerance > 0):
         raise ConfigError("tolerance", f"must be a finite number > 0, got {FLAGS.tolerance}",
                           "set --tolerance > 0, e.g. 0.25")
@@ -139,6 +147,7 @@ def main(argv):
                                      FLAGS.tolerance, FLAGS.fit_sigmoid, csv=FLAGS.csv,
                                      columns=FLAGS.columns, out=FLAGS.out,
                                      ci_level=FLAGS.ci_level, n_boot=FLAGS.n_boot,
+                                     target_fraction=FLAGS.target_fraction,
                                      fmt=FLAGS.format, overrides=dict(
                                          responses_per_step=FLAGS.responses_per_step,
                                          world_size=FLAGS.world_size,

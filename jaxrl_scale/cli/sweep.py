@@ -68,8 +68,10 @@ SWEEP_HELP = {
     "tune_factor": "the lr grid is extended by this factor beyond its best edge",
     "tune_max_extensions": "rounds of lr-grid extension until the best lr is interior "
                            "(0: the grid as given)",
-    "target": "validation score J* of the analysis, or 'auto' (start + half of what every "
-              "reference seed reaches)",
+    "target": "validation score J* of the analysis, or 'auto' (start + --target_fraction of "
+              "the way to what every reference seed reaches)",
+    "target_fraction": "where the auto target sits between the start and what every reference "
+                       "seed reaches (0..1; later: more evals before N*)",
     "compile_cache": "JAX persistent compilation cache",
     "executor": "local (one run after another in this process) or ray (one Ray task per run)",
     "ray_address": "Ray cluster to join (ray.init(address=...); empty: start a local one)",

@@ -72,11 +72,15 @@ def render(summary, out_dir: str, runs: Sequence[Run] = (), plans_dir: str | Non
     md += [f"- ({k}) {claim}: **{status}**: {why}." for k, claim, status, why in
            source_findings(summary)]
     if summary.familywise:   # issue 27: t intervals on log ratios, Holm over the sweep
+        rq_of = ("r_q of the interleaved timing pass (the r_q column is the in-run r_q, kept "
+                 "as a cross-check)" if (summary.drift or {}).get("controlled") else "r_q")
         how = (f"N* and q intervals are {lvl} bootstrap intervals [lo, hi] ({UNBOUNDED}: "
                "unbounded, some replicates never reach the target); r_N, r_q and T/T0 intervals "
                f"are {lvl} t intervals on log ratios (seed-paired where the configs share seeds, "
-               "variance pooled over the configs; bootstrap for a single seed). T/T0 = r_N / "
-               "r_q; faster / slower is a Holm-adjusted test over all configs of the sweep at "
+               "variance pooled over the configs; bootstrap for a single seed), and r_N, r_q "
+               "and T/T0 are their centres: geometric means of the seed-paired ratios, so r_N "
+               "is not the ratio of the N* column's seed means. T/T0 = r_N / "
+               f"{rq_of}; faster / slower is a Holm-adjusted test over all configs of the sweep at "
                f"family-wise error {fmt(1 - summary.ci_level, 2)}.")
     else:                    # summaries recorded before family-wise verdicts
         how = (f"Intervals are {lvl} bootstrap intervals [lo, hi] ({UNBOUNDED}: unbounded, some "

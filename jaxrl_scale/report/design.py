@@ -128,7 +128,7 @@ def power_lines(summary: Summary | dict) -> list[str]:
             f"(or <= {fmt(p.get('min_detectable_T_over_T0_below'))}) with 80% power (measured "
             f"spread of log N* between seeds, eval noise included: {fmt(p['sigma_log_N'], 2)}, "
             f"{p['df']} df); power at r_N = 1.3: {fmt(pw.get('1.3'), 2)}, at 1.5: "
-            f"{fmt(pw.get('1.5'), 2)}." + _design_note(p) + _few_evals_note(s, algo))
+            f"{fmt(pw.get('1.5'), 2)}." + _design_note(p) + _evals_note(p))
     return out
 
 
@@ -150,22 +150,21 @@ def _design_note(p: dict) -> str:
     return out + " (`--seeds`; `--prompts` and the study's configs set the family)."
 
 
-MIN_EVALS_BEFORE_N_STAR = 6   # issue 27 item 2: where N* is decided by evals, not by shape
-
-
-def _few_evals_note(s: Summary, algo: str) -> str:
-    """Between two sparse evals N* comes from the monotone cubic's guess of the curve's bend
-    (from the neighbouring evals), not from measurements: say so when the median run has
-    fewer than MIN_EVALS_BEFORE_N_STAR evals before its N*."""
-    k = sorted(x.evals_before_N_star for x in s.runs.values()
-               if (x.algo or "?") == algo and x.evals_before_N_star is not None)
-    if not k or k[len(k) // 2] >= MIN_EVALS_BEFORE_N_STAR:
+def _evals_note(p: dict) -> str:
+    """Whether N* was decided by evals (the analysis' power[algo]["evals_before_N_star"]):
+    between two sparse evals N* comes from the monotone cubic's guess of the curve's bend."""
+    e = p.get("evals_before_N_star")
+    if not e:
         return ""
-    return (f" Caution: the median run has only {k[len(k) // 2]} eval(s) before its N* "
-            f"(fewer than {MIN_EVALS_BEFORE_N_STAR}), so N* rests on the curve's shape between "
+    if not e["runs_below"]:
+        return (f" N* decided by evals: every run has >= {e['needed']} evals before its N* "
+                f"(fewest {e['min']}, median {fmt(e['median'])}).")
+    return (f" Caution: {e['runs_below']} of {e['runs']} runs have fewer than {e['needed']} "
+            f"evals before their N* (fewest {e['min']}, median {fmt(e['median'])}; "
+            f"{', '.join(e['configs_below'])}), so their N* rests on the curve's shape between "
             "evals more than on evals, and r_N can lean toward 1 (its error on curves of known "
-            "shape: results/n_star); evaluate more often (--eval_every_responses) to decide "
-            "N* by evals.")
+            "shape: results/n_star); evaluate more often (--eval_every_responses) or set the "
+            "target later in the curve (--target_fraction) to decide N* by evals.")
 
 
 def drift_lines(summary: Summary | dict) -> list[str]:

@@ -18,6 +18,7 @@ Pure numpy: it never imports JAX.
 from __future__ import annotations
 
 import collections
+import json
 import math
 import os
 from typing import Any, Sequence
@@ -149,6 +150,50 @@ def run_stats(run: Run, target: float, n_boot: int, rng: np.random.Generator,
                evals_before_N_star=int(np.sum(n < point)) if reached else None,
                updates_to_target=or_none(point / run.batch) if run.batch and reached else None)
     return out, {"N": n_reps, "q": q_reps, "fit": fit, "se": se}
+
+
+DEFAULT_TARGET_FRACTION = 0.5
+SWEEP_FILE = "sweep.json"          # the study's SweepConfig, written by experiment/sweep.py
+
+
+def recorded_target_fraction(sweep_dir: str | None) -> float:
+    """The auto target's fraction a study chose (SWEEP_DIR/sweep.json "sweep" ->
+    "target_fraction"), so that re-analysing its directory decides at the same target;
+    DEFAULT_TARGET_FRACTION for logs without one (other frameworks, older sweeps)."""
+    path = os.path.join(sweep_dir, SWEEP_FILE) if sweep_dir else None
+    if not path or not os.path.isfile(path):
+        return DEFAULT_TARGET_FRACTION
+    with open(path) as f:
+        rec = json.load(f).get("sweep") or {}
+    x = rec.get("target_fraction")
+    return float(x) if is_number(x) else DEFAULT_TARGET_FRACTION
+
+
+def evals_before_n_star(per_run: dict, algo: str, needed: int) -> dict | None:
+    """How many evals of each run of `algo` fall before its N* (issue 27 item 2: N* decided by
+    evals, not by the curve's shape between two of them): min, median, and the runs (and
+    their configs) with fewer than `needed`. None when no run reached."""
+    k = {n: x["evals_before_N_star"] for n, x in per_run.items()
+         if (x.get("algo") or "?") == algo and x.get("evals_before_N_star") is not None}
+    if not k:
+        return None
+    few = sorted(n for n, v in k.items() if v < needed)
+    return {"needed": needed, "runs": len(k), "min": int(min(k.values())),
+            "median": float(np.median(list(k.values()))), "runs_below": len(few),
+            "configs_below": sorted({per_run[n].get("group") or n for n in few})}
+
+
+def power_and_evals(fw: dict, ci_level: float, primary: str, per_run: dict) -> dict:
+    """`familywise.power_fields`, each algorithm's power record with its
+    "evals_before_N_star" (`evals_before_n_star`): what the design can detect and whether N*
+    was decided by evals."""
+    out = familywise.power_fields(fw, ci_level, primary)
+    for algo, p in out["power"].items():
+        p["evals_before_N_star"] = evals_before_n_star(per_run, algo, MIN_EVALS_BEFORE_N_STAR)
+    return out
+
+
+MIN_EVALS_BEFORE_N_STAR = 6   # issue 27 item 2: where N* is decided by evals, not by shape
 
 
 def auto_target(ref_stats: Sequence[dict], fraction: float, min_se: float = 3.0
@@ -359,14 +404,17 @@ def lora_configs(groups: dict[str, list[Run]]) -> dict:
 def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = None,
                  tolerance: float = 0.25, fit_sigmoid: bool = False, *,
                  skipped: Sequence[dict] = (), ci_level: float = stats.CI_LEVEL,
-                 n_boot: int = 1000, seed: int = 0, target_fraction: float = 0.5,
+                 n_boot: int = 1000, seed: int = 0, target_fraction: float | None = None,
                  min_gain: float = 0.10, flat_slope: float = -0.25,
             sweep_dir: str | None = None, timing: Sequence[dict] | None = None) -> Summary:
     """The typed `Summary` of already-loaded runs (see :func:`analyze_sweep`). ``timing``: the
     entries of an interleaved timing pass (`experiment.timing.time_batches`), which r_q then
     prefers over the in-run step times (`scaling.drift`); read from ``sweep_dir`` when None.
-    ``sweep_dir`` also supplies the lr tuning record (lr_tune.json, `scaling.lr_bracket`)."""
+    ``sweep_dir`` also supplies the lr tuning record (lr_tune.json, `scaling.lr_bracket`) and
+    the study's ``target_fraction`` of the auto target (sweep.json) when none is given."""
     target = parse_target(target)
+    if target_fraction is None:
+        target_fraction = recorded_target_fraction(sweep_dir)
     runs = list(runs)
     if not runs:
         raise AnalysisError("no runs to analyse")
@@ -512,7 +560,7 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
         partial_rollout=partial, findings=tuple(found), tolerance=tolerance, n_boot=n_boot,
         skipped=list(skipped), warnings=warnings, sweep_dir=sweep_dir,
         familywise={k: fw[k] for k in ("families", "n_tests", "alpha", "margin", "method")},
-        **familywise.power_fields(fw, ci_level, primary), drift=drift_info,
+        **power_and_evals(fw, ci_level, primary, per_run), drift=drift_info,
         # issue 27 item 1: the primary algorithm's lr record, and all of them
         lr_tuning=(tuning.get(primary) or next(iter(tuning.values()))) if tuning else None,
         lr_tuning_by_algo=tuning or None,

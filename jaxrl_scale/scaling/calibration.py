@@ -49,6 +49,7 @@ class Design:
     step_jitter: float = 0.05
     drift: float = 0.0          # sd of a per-config log slow-down (back-to-back seeds)
     q: float = 1000.0           # responses / s of every config (r_q = 1 unless q_ratio)
+    target_fraction: float = 0.5   # the analysis' auto target (analysis.auto_target)
 
     @property
     def reference(self) -> str:
@@ -64,7 +65,8 @@ POWERED = dataclasses.replace(SAMPLED_3_SEEDS, seeds=8, eval_every=1024)
 # The default study (experiment/sweep.py STUDIES["default"]): the sqrt-lr ladder B = 64..1024,
 # 12 seeds, exact evals every 1,024 responses.
 DEFAULT = dataclasses.replace(
-    SAMPLED_3_SEEDS, configs=SAMPLED_3_SEEDS.configs[:5], seeds=12, eval_every=1024, eval_n=0)
+    SAMPLED_3_SEEDS, configs=SAMPLED_3_SEEDS.configs[:5], seeds=12, eval_every=1024, eval_n=0,
+    target_fraction=0.75)
 
 
 def eval_scores(design: Design, p: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -114,7 +116,8 @@ def one_sweep(design: Design, rng, r_N=None, q_ratio=None, n_boot: int = 50) -> 
     from jaxrl_scale.scaling.analysis import analyze_runs
     r_N, q_ratio = r_N or {}, q_ratio or {}
     runs = simulate_runs(design, rng, r_N, q_ratio)
-    s = analyze_runs(runs, "auto", n_boot=n_boot, seed=int(rng.integers(2 ** 31)))
+    s = analyze_runs(runs, "auto", n_boot=n_boot, seed=int(rng.integers(2 ** 31)),
+                     target_fraction=design.target_fraction)
     out = {}
     for name, _, _ in design.configs[1:]:
         st = s["configs"][name]
@@ -209,9 +212,11 @@ def isotonic_batch(y: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def simulate_estimates(design: Design, n_sweeps: int, rng: np.random.Generator,
                        r_N: dict | None = None, q_ratio: dict | None = None,
-                       target_fraction: float = 0.5, min_se: float = 3.0) -> dict:
+                       target_fraction: float | None = None, min_se: float = 3.0) -> dict:
     """Per-run N* and q of n_sweeps simulated sweeps: {"N": [S, C, K], "q": [S, C, K]}."""
     r_N, q_ratio = r_N or {}, q_ratio or {}
+    if target_fraction is None:
+        target_fraction = design.target_fraction
     S, C, K = n_sweeps, len(design.configs), design.seeds
     ev = np.arange(0, design.max_responses + 1, design.eval_every, dtype=float)
     E = ev.size

@@ -422,15 +422,19 @@ def design_power(fam: dict, m: int, level: float, k: int | None = None,
 
 def merge_into(st: dict, f: dict) -> None:
     """Merge `sweep_tests` fields into a config's summary dict: the t intervals become the
-    *_ci (the bootstrap ones stay as *_ci_boot), the Holm verdict replaces the per-config one."""
+    *_ci (the bootstrap ones stay as *_ci_boot) and their centre, the geometric mean of the
+    (seed-paired) ratios, the point estimate (the ratio of seed means stays as
+    *_ratio_of_means: printed beside an interval it is not the centre of, it can sit near an
+    end, e.g. 1.21 in [1.01, 1.30]); the Holm verdict replaces the per-config one."""
+    if "interleaved" in (f.get("test") or "") and f.get("T_over_T0_geo") is not None:
+        st["T_over_T0_in_run"] = st.get("T_over_T0")     # r_q from the timing pass instead
     for name in ("r_N", "r_q", "T_over_T0"):
         if f.get(name + "_ci_t") is not None:
             st[name + "_ci_boot"] = st.get(name + "_ci")
             st[name + "_ci"] = f[name + "_ci_t"]
+            st[name + "_ratio_of_means"] = st.get(name)
+            st[name] = f[name + "_geo"]
     st["verdict_per_config"] = st.get("verdict")
-    if "interleaved" in (f.get("test") or "") and f.get("T_over_T0_geo") is not None:
-        st["T_over_T0_in_run"] = st.get("T_over_T0")     # r_q from the timing pass instead
-        st["T_over_T0"] = f["T_over_T0_geo"]
     st.update({k: v for k, v in f.items() if not k.endswith("_ci_t")})
 
 

@@ -172,9 +172,12 @@ class ConfigStats:
     r_N_sci: Interval | None = _opt()
     r_q_sci: Interval | None = _opt()
     T_over_T0_sci: Interval | None = _opt()
-    r_N_geo: float | None = _opt()
+    r_N_geo: float | None = _opt()       # the t intervals' centres, = r_N, r_q, T_over_T0
     r_q_geo: float | None = _opt()
     T_over_T0_geo: float | None = _opt()
+    r_N_ratio_of_means: float | None = _opt()   # N* / N0* of the seed means
+    r_q_ratio_of_means: float | None = _opt()
+    T_over_T0_ratio_of_means: float | None = _opt()
     T_over_T0_in_run: float | None = _opt()   # with r_q from the in-run q (timing pass used)
 
     def to_json(self) -> dict:
