@@ -2,6 +2,7 @@
 import json
 
 import numpy as np
+import pytest
 
 from jaxrl_scale import scaling
 from jaxrl_scale.scaling import drift, stats
@@ -50,3 +51,7 @@ def test_interleaved_timing_pass_overrides_drifted_in_run_q(tmp_path):
     assert c["verdict"] == "indistinguishable" and c["test"] == "paired t + interleaved r_q"
     assert abs(c["T_over_T0"] - 1) < 0.15 and abs(c["T_over_T0_in_run"] - 2) < 0.2
     assert c["T_over_T0_ci"][0] <= c["T_over_T0"] <= c["T_over_T0_ci"][1]
+    # the config's r_q is the timing pass's, so T/T0 = r_N / r_q in its row; in-run kept
+    assert c["r_q"] == row["r_q_interleaved"] and c["r_q_ci"] == row["r_q_interleaved_ci"]
+    assert c["T_over_T0"] == pytest.approx(c["r_N"] / c["r_q"], rel=1e-9)
+    assert abs(c["r_q_in_run"] - 0.5) < 0.05 and c["r_q_in_run_ci"][1] < 0.6

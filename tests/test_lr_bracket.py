@@ -131,6 +131,12 @@ def test_retune_lr_per_batch_tunes_every_batch_and_runs_its_own_lr(tmp_path):
     assert sorted(tuned) == [64, 256]               # at B0 the tuned config is the sqrt one
     for B, c in tuned.items():
         assert scaled_lr(c.optim.base_lr, B, c.optim.base_batch, "tuned") == best[B]
+    # A batch whose tuned lr is the sqrt rule's lr there gets no config of its own: it would
+    # repeat the sqrt config's runs bit for bit (and count twice in the Holm family).
+    again = sw.plan(sweep, base, {"grpo": 2e-4},
+                    {("grpo", 64): scaled_lr(2e-4, 64, 128, "sqrt"), ("grpo", 256): 4e-4})
+    assert sorted({c.batch_train for c in again if c.optim.lr_rule == "tuned"}) == [256]
+    assert len(again) == len(runs) - len(sweep.seeds)
     rec = json.load(open(os.path.join(str(tmp_path), sw.TUNE_FILE)))
     assert rec["tuned_per_batch"]["grpo"]["64"]["bracketed"]
     cost = rec["tuning_cost"]["grpo"]

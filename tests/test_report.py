@@ -161,7 +161,12 @@ def test_report_findings(noisy):
     tf = s["critical_generation_batch"]["train_fit"]
     # cap = (d0 + c + (d1 + gamma) B0) / ((d1 + gamma) B0) with B0 = 32
     assert tf["r_q_cap"] == pytest.approx(0.302 / 0.192, rel=0.05)
-    assert "the update takes 53% of a step at the reference batch" in six["detail"]
+    # the update's share quoted is the regime line's measured one (the fitted share only when
+    # the logs carry no per-step generation and update times)
+    reg = s["algos"]["grpo"]["regime"]
+    assert reg["regime"] != "unknown", reg
+    share = reg["update_share"]
+    assert f"the update takes {share:.0%} of a step at the reference batch" in six["detail"]
     # rendered: one line per finding, its status in bold
     for x in s["findings"]:
         assert f"**{x['status']}**" in md and x["detail"] in md
@@ -318,3 +323,15 @@ def test_report_imports_no_jax():
             "assert 'jax' not in sys.modules, sorted(m for m in sys.modules if 'jax' == m[:3])")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT,
                    env=dict(os.environ, PYTHONPATH=ROOT))
+
+
+def test_larger_batch_finding_quotes_the_measured_update_share():
+    """Finding (6) quotes the update's share of a step that the regime line measured (median
+    over the reference's runs), not the line fit's gamma B0 / step, which can differ (a fitted
+    intercept absorbs part of the update); the fit only when nothing was measured."""
+    larger = [("grpo_P32_G8_sqrt", {"r_q": 1.2, "r_q_ci": [1.1, 1.3]})]
+    info = {"regime": {"update_share": 0.67},
+            "critical_generation_batch": {"train_fit": {"update_share_at_reference": 0.56}}}
+    assert "the update takes 67% of a step" in findings._cap_text(larger, info)
+    info["regime"] = {"regime": "unknown"}
+    assert "the update takes 56% of a step" in findings._cap_text(larger, info)

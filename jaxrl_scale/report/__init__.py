@@ -72,8 +72,9 @@ def render(summary, out_dir: str, runs: Sequence[Run] = (), plans_dir: str | Non
     md += [f"- ({k}) {claim}: **{status}**: {why}." for k, claim, status, why in
            source_findings(summary)]
     if summary.familywise:   # issue 27: t intervals on log ratios, Holm over the sweep
-        rq_of = ("r_q of the interleaved timing pass (the r_q column is the in-run r_q, kept "
-                 "as a cross-check)" if (summary.drift or {}).get("controlled") else "r_q")
+        rq_of = ("r_q, both r_q and T/T0 from the interleaved timing pass (the in-run r_q "
+                 "stays in summary.json as r_q_in_run, the cross-check)"
+                 if (summary.drift or {}).get("controlled") else "r_q")
         how = (f"N* and q intervals are {lvl} bootstrap intervals [lo, hi] ({UNBOUNDED}: "
                "unbounded, some replicates never reach the target); r_N, r_q and T/T0 intervals "
                f"are {lvl} t intervals on log ratios (seed-paired where the configs share seeds, "

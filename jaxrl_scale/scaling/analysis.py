@@ -509,6 +509,7 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
                                 offsets=timing_offsets)
     for g, f in fw["configs"].items():
         familywise.merge_into(configs[g], f)
+    sdrift.use_interleaved_r_q(configs, drift_info, timing_offsets)
     best = fw["best_sets"]
     primary = _primary(refs)
     per_algo = {}

@@ -107,3 +107,15 @@ def interleaved_r_q(timing: Sequence[dict] | None, configs: dict, refs: Mapping,
                      "a cross-check" if offsets else NOT_CONTROLLED),
             "max_disagreement": math.exp(max(dis)) if dis else None,
             "configs": out}, offsets
+
+
+def use_interleaved_r_q(configs: dict, drift: dict, offsets: Mapping) -> None:
+    """Where T/T0 took r_q from the interleaved pass (`offsets`), the config's r_q and r_q_ci
+    become that pass's too, so that T/T0 = r_N / r_q holds in every row of the report; the
+    in-run r_q (seed-paired t) stays as r_q_in_run and r_q_in_run_ci, the cross-check."""
+    for g in offsets:
+        row, st = drift["configs"].get(g) or {}, configs.get(g)
+        if st is None or row.get("r_q_interleaved_ci") is None:
+            continue
+        st["r_q_in_run"], st["r_q_in_run_ci"] = st.get("r_q"), st.get("r_q_ci")
+        st["r_q"], st["r_q_ci"] = row["r_q_interleaved"], row["r_q_interleaved_ci"]

@@ -354,7 +354,8 @@ def larger_batch_faster(c: _Ctx) -> tuple[str, str, str, list]:
 
 def _cap_text(larger: list, info: dict) -> str:
     """The r_q cap from the measured r_q of the batches above B0 (not from a fitted line whose
-    intercept may be negative), and the update's share of a step at B0 from the fits."""
+    intercept may be negative), and the update's share of a step at B0: measured (the regime
+    line's median over the reference's runs), else from the fits."""
     meas = [(st["r_q"], g, st) for g, st in larger if is_number(st.get("r_q"))]
     if not meas:
         s = "; no measured r_q above B0"
@@ -363,7 +364,9 @@ def _cap_text(larger: list, info: dict) -> str:
         s = (f"; the largest measured r_q above B0 is {fmt_ci(rq, st.get('r_q_ci'))} ({g}), "
              "so a larger batch is faster only where r_N is below it")
     tf = (info.get("critical_generation_batch") or {}).get("train_fit") or {}
-    share = tf.get("update_share_at_reference")
+    share = (info.get("regime") or {}).get("update_share")
+    if not is_number(share):
+        share = tf.get("update_share_at_reference")
     if is_number(share):
         s += (f" (the update takes {share:.0%} of a step at the reference batch"
               + (": on this hardware the update, not generation, dominates each step"

@@ -179,6 +179,8 @@ class ConfigStats:
     r_q_ratio_of_means: float | None = _opt()
     T_over_T0_ratio_of_means: float | None = _opt()
     T_over_T0_in_run: float | None = _opt()   # with r_q from the in-run q (timing pass used)
+    r_q_in_run: float | None = _opt()          # r_q, r_q_ci: the timing pass's when it ran
+    r_q_in_run_ci: Interval | None = _opt()
 
     def to_json(self) -> dict:
         return _json(self)

@@ -10,7 +10,7 @@ import warnings
 
 from jaxrl_scale.scaling.analysis import analyze_sweep
 
-LOGS = sys.argv[1] if len(sys.argv) > 1 else "results/sweep_default_1b7e779/logs"
+LOGS = sys.argv[1] if len(sys.argv) > 1 else "results/sweep_default_2dfdd87/logs"
 warnings.filterwarnings("ignore")
 
 
