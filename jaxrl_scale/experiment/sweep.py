@@ -567,7 +567,8 @@ def _tuned_plan(sweep: SweepConfig, base: TrainConfig, tune: list[TrainConfig],
     batch_lrs = {(a, B): t["chosen"] for a, d in per_batch.items() for B, t in d.items()
                  if t.get("chosen")}
     runs = plan(sweep, base, base_lrs, batch_lrs)
-    write_json(os.path.join(sweep.sweep_dir, "sweep.json"), {
+    from jaxrl_scale.scaling.analysis import SWEEP_FILE   # its reader: the target fraction
+    write_json(os.path.join(sweep.sweep_dir, SWEEP_FILE), {
         "sweep": dataclasses.asdict(sweep), "base": base.to_json(), "base_lrs": base_lrs,
         "runs": [os.path.basename(c.run_dir) for c in runs]}, indent=2)
     return lrs, runs

@@ -154,6 +154,7 @@ def run_stats(run: Run, target: float, n_boot: int, rng: np.random.Generator,
 
 DEFAULT_TARGET_FRACTION = 0.5
 SWEEP_FILE = "sweep.json"          # the study's SweepConfig, written by experiment/sweep.py
+MIN_EVALS_BEFORE_N_STAR = 6   # issue 27 item 2: where N* is decided by evals, not by shape
 
 
 def recorded_target_fraction(sweep_dir: str | None) -> float:
@@ -191,9 +192,6 @@ def power_and_evals(fw: dict, ci_level: float, primary: str, per_run: dict) -> d
     for algo, p in out["power"].items():
         p["evals_before_N_star"] = evals_before_n_star(per_run, algo, MIN_EVALS_BEFORE_N_STAR)
     return out
-
-
-MIN_EVALS_BEFORE_N_STAR = 6   # issue 27 item 2: where N* is decided by evals, not by shape
 
 
 def auto_target(ref_stats: Sequence[dict], fraction: float, min_se: float = 3.0
