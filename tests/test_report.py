@@ -93,9 +93,9 @@ def test_report_answer_first_and_figures(noisy):
     facts = report.facts(s)
     main = [f for f in facts if not f.startswith("Source finding")]
     pos = [answer.index(f"- {f}\n") for f in main]
-    # design lines (2 x regime, 2 x design power + drift) + 2 x (power + 3 verdicts + best +
-    # ctb) + cgb
-    assert pos == sorted(pos) and len(main) == 18, main
+    # design lines (2 x regime, 2 x design power + drift) + 2 x (power + 3 verdicts + the
+    # verdicts' rerun agreement + best + ctb) + cgb
+    assert pos == sorted(pos) and len(main) == 20, main
     assert main[0].startswith("Regime [grpo]: ") and main[1].startswith("Regime [ppo]: ")
     assert main[2].startswith("Power [grpo]: with ") and main[4].startswith("Throughput: ")
     assert "machine drift is not controlled" in main[4]

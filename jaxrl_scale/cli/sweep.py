@@ -65,6 +65,11 @@ SWEEP_HELP = {
                            "states what the tuning cost",
     "timing_steps": "timed steps per batch of an interleaved timing pass after the runs "
                     "(0: none; r_q then comes from in-run step times, drift not controlled)",
+    "timing_blocks": "blocks of the timing pass (each a fresh build, random round order) "
+                     "before its stopping rule applies; r_q's interval is between blocks",
+    "timing_max_blocks": "most blocks of the timing pass",
+    "timing_tolerance": "the timing pass stops when every batch's 90% interval of log r_q "
+                        "has at most this half-width",
     "tune_factor": "the lr grid is extended by this factor beyond its best edge",
     "tune_max_extensions": "rounds of lr-grid extension until the best lr is interior "
                            "(0: the grid as given)",
@@ -95,6 +100,9 @@ flagdefs.define_from_dataclass(SweepConfig, helps=SWEEP_HELP)
 flags.DEFINE_bool("warmstart", True, "Start every run from the cached SFT warm-start.")
 flags.DEFINE_float("warmstart_accuracy", SFTConfig.target_accuracy,
                    "Greedy held-out accuracy the warm-start stops at.")
+flags.DEFINE_integer("warmstart_seed", 0, "Seed of the SFT warm-start (its init and data "
+                     "order): another value is an independent warm-start, e.g. for a second "
+                     "replicate of a study with other --seeds.", lower_bound=0)
 flags.DEFINE_bool("list_runs", False, "Print every run of the study as 'INDEX NAME' (the "
                   "lr-tuning runs first) and exit.")
 flags.DEFINE_integer("run_index", None, "Run only this run of --list_runs and exit without "
@@ -118,7 +126,7 @@ def main(argv):
         sweep = sweep_from_flags()
         sft = None
         if FLAGS.warmstart and not (base.init_checkpoint or base.hf_checkpoint):
-            sft = sft_config_for(base, FLAGS.warmstart_accuracy)
+            sft = sft_config_for(base, FLAGS.warmstart_accuracy, FLAGS.warmstart_seed)
         validate_sweep(sweep, base, base.replace(init_checkpoint=sft_path(sft)) if sft else None)
         if FLAGS.run_index is not None:
             check_run_index(sweep, base, FLAGS.run_index)

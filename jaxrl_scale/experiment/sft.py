@@ -66,12 +66,15 @@ _CHILD = ("import json, sys; from jaxrl_scale.experiment.sft import SFTConfig, s
           "sft_warmstart(SFTConfig(**json.loads(sys.argv[1])), force=sys.argv[2] == 'True')")
 
 
-def sft_config_for(cfg, target_accuracy: float = SFTConfig.target_accuracy) -> SFTConfig:
-    """The warm-start of an RL TrainConfig: the same task, data, model and response length."""
+def sft_config_for(cfg, target_accuracy: float = SFTConfig.target_accuracy,
+                   seed: int = 0) -> SFTConfig:
+    """The warm-start of an RL TrainConfig: the same task, data, model and response length
+    (`seed`: its init and data order; another seed is an independent warm-start)."""
     return SFTConfig(task=cfg.task, task_kwargs=cfg.task_kwargs, data_dir=cfg.data_dir,
                      model=cfg.model, num_train_examples=cfg.num_train_examples,
                      num_test_examples=cfg.num_test_examples,
-                     max_new_tokens=cfg.max_new_tokens, target_accuracy=target_accuracy)
+                     max_new_tokens=cfg.max_new_tokens, target_accuracy=target_accuracy,
+                     seed=seed)
 
 
 def sft_loss(cfg, params, batch):

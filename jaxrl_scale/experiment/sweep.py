@@ -74,7 +74,11 @@ class SweepConfig:
                                        # of the grid too, and add a config per batch run with
                                        # its own tuned lr (rule "tuned") beside the lr rules
     timing_steps: int = 0              # > 0: an interleaved timing pass after the runs
-                                       # (timing.json; the analysis takes r_q from it)
+                                       # (timing.json; the analysis takes r_q from it), in
+                                       # blocks of this many rounds (experiment.timing)
+    timing_blocks: int = 4             # the pass's blocks before its stopping rule applies
+    timing_max_blocks: int = 8         # ... and at most
+    timing_tolerance: float = 0.07     # stop when every log r_q 90% half-width is <= this
     target: float | str = "auto"       # analysis target J* ("auto": from the reference)
     target_fraction: float = 0.5       # auto J* = start + this x (what every reference seed
                                        # reliably reached - start)
@@ -487,6 +491,15 @@ def _check_sweep_fields(sweep: SweepConfig) -> None:
     need("timing_steps", isinstance(sweep.timing_steps, int) and sweep.timing_steps >= 0,
          f"must be an integer >= 0, got {sweep.timing_steps!r}",
          "e.g. --timing_steps=6 (0: no timing pass)")
+    need("timing_blocks", isinstance(sweep.timing_blocks, int) and sweep.timing_blocks >= 2,
+         f"must be an integer >= 2 (r_q's interval is between blocks), got "
+         f"{sweep.timing_blocks!r}", "e.g. --timing_blocks=4")
+    need("timing_max_blocks", isinstance(sweep.timing_max_blocks, int)
+         and sweep.timing_max_blocks >= sweep.timing_blocks, f"must be an integer >= "
+         f"timing_blocks={sweep.timing_blocks}, got {sweep.timing_max_blocks!r}",
+         f"e.g. --timing_max_blocks={max(8, sweep.timing_blocks)}")
+    need("timing_tolerance", sweep.timing_tolerance > 0, f"must be > 0, got "
+         f"{sweep.timing_tolerance}", "e.g. --timing_tolerance=0.07 (log r_q half-width)")
     need("tune_factor", sweep.tune_factor > 1, f"must be > 1, got {sweep.tune_factor}",
          "e.g. --tune_factor=2")
     need("tune_max_extensions", isinstance(sweep.tune_max_extensions, int)
@@ -585,8 +598,8 @@ def write_timing_pass(sweep: SweepConfig, runs: list[TrainConfig], progress: boo
     if os.path.isfile(path):
         return None
     try:
-        from jaxrl_scale.experiment.timing import time_batches
-        entries = []
+        from jaxrl_scale.experiment.timing import time_blocks
+        entries, meta = [], {}
         for algo in sweep.algos:
             cfgs = [c for c in runs if c.algo == algo and c.gen_batch_ratio == 1]
             if not cfgs:
@@ -594,11 +607,15 @@ def write_timing_pass(sweep: SweepConfig, runs: list[TrainConfig], progress: boo
             G = 1 if algo == "ppo" else (sweep.base_group or min(sweep.group_sizes))
             ref = min(cfgs, key=lambda c: (c.group_size != G, c.batch_train))
             batches = sorted({c.batch_train for c in cfgs if c.batch_train % G == 0})
-            out = time_batches(ref.replace(group_size=G), batches, warmup=2,
-                               steps=sweep.timing_steps, progress=progress)
-            entries += [{**e, "algo": algo} for e in out]
+            out = time_blocks(ref.replace(group_size=G), batches, _reference_batch(sweep, algo),
+                              warmup=2, steps=sweep.timing_steps,
+                              min_blocks=sweep.timing_blocks,
+                              max_blocks=sweep.timing_max_blocks,
+                              tolerance=sweep.timing_tolerance, progress=progress)
+            entries += [{**e, "algo": algo} for e in out["entries"]]
+            meta[algo] = {"blocks": out["blocks"], "stopping": out["stopping"]}
         write_json(path, {"entries": entries, "interleaved": True,
-                          "steps": sweep.timing_steps}, indent=2)
+                          "steps": sweep.timing_steps, "algos": meta}, indent=2)
     except Exception as e:  # the study's runs stand; the analysis falls back to in-run q
         _write_error(os.path.join(sweep.sweep_dir, "_timing"), traceback.format_exc())
         return _one_line(e)

@@ -9,9 +9,11 @@ it into r_q at any batch.
 
 Scheduling (why interleaved): a shared machine's speed drifts over minutes. Timing batch 64
 for a minute and then batch 512 for a minute would compare two machine states; instead every
-Run is built and compiled first, then each round runs one step of every batch, in
-alternating order (64, 128, ..., then ..., 128, 64), so each batch sees the same minutes and
-no batch always follows the same neighbour (caches, allocator state). The price is memory:
+Run is built and compiled first, then each round runs one step of every batch, in an order
+drawn at random per round (`seed`), so each batch sees the same minutes and no batch always
+follows the same neighbour (caches, allocator state). `time_blocks` repeats that in blocks,
+each building every Run afresh, until r_q's between-block interval is narrow enough
+(scaling.drift says why rounds alone understate the spread between passes). The price is memory:
 all candidates' parameters, optimizer states and caches live at once, which at this scale
 (CPU presets) is small; `interleave=False` times one batch at a time and releases each before
 building the next, for models where only one fits.
@@ -24,6 +26,7 @@ import tempfile
 import time
 from typing import Sequence
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from jaxrl_scale.experiment.config import TrainConfig
@@ -70,7 +73,7 @@ def _step(run: Run, update, loop, entry: dict | None):
 
 
 def time_batches(base: TrainConfig, batches: Sequence[int], warmup: int = 2, steps: int = 3,
-                 progress: bool = True, interleave: bool = True) -> list[dict]:
+                 progress: bool = True, interleave: bool = True, seed: int = 0) -> list[dict]:
     """Per-step rollout and update seconds of the real loop at each batch in `batches`.
 
     For each B: `Run(base at P = B // G)`, `compile()`, `warmup` untimed steps (first-call
@@ -91,11 +94,52 @@ def time_batches(base: TrainConfig, batches: Sequence[int], warmup: int = 2, ste
         raise ValueError(f"time_batches: batches {batches} repeat a value")
     with tempfile.TemporaryDirectory(prefix="time_batches_") as tmp:
         cfgs = [timing_config(base, b, os.path.join(tmp, f"B{b}")) for b in batches]
-        return time_configs(cfgs, warmup, steps, progress, interleave)
+        return time_configs(cfgs, warmup, steps, progress, interleave, seed)
+
+
+def time_blocks(base: TrainConfig, batches: Sequence[int], reference_batch: int, *,
+                warmup: int = 2, steps: int = 8, min_blocks: int = 4, max_blocks: int = 8,
+                tolerance: float = 0.07, level: float = 0.9, progress: bool = True
+                ) -> dict:
+    """`time_batches` in blocks (each a fresh build of every Run, its own random order of
+    rounds) until r_q's between-block interval is narrow enough. Stopping rule: after
+    `min_blocks` blocks, stop as soon as every batch's `level` interval of log r_q against
+    `reference_batch` has half-width <= `tolerance` (scaling.drift.half_widths), else at
+    `max_blocks`. Returns {"entries": per batch, every step list with a "block" list beside
+    it; "blocks", "stopping": {rule, half_widths after each block, stopped}}."""
+    from jaxrl_scale.scaling.drift import half_widths
+    if not 2 <= min_blocks <= max_blocks:
+        raise ValueError(f"time_blocks: need 2 <= min_blocks={min_blocks} <= "
+                         f"max_blocks={max_blocks}")
+    entries: list[dict] = []
+    history = []
+    stopped = "max_blocks"
+    for b in range(max_blocks):
+        out = time_batches(base, batches, warmup, steps, progress, True, seed=b)
+        if not entries:
+            entries = [{**e, "block": [b] * len(e["step_s"]), "compile_s": [e["compile_s"]]}
+                       for e in out]
+        else:
+            for e, o in zip(entries, out):
+                for k in (*STEP_FIELDS, "step_s"):
+                    e[k] = e[k] + o[k]
+                e["block"] += [b] * len(o["step_s"])
+                e["compile_s"].append(o["compile_s"])
+        hw = half_widths(entries, reference_batch, level)
+        history.append({str(k): v for k, v in hw.items()})
+        if b + 1 >= min_blocks and all(v <= tolerance for v in hw.values()):
+            stopped = "tolerance"
+            break
+    return {"entries": entries, "blocks": len(history),
+            "stopping": {"rule": f"blocks of {steps} rounds (fresh build each, random order); "
+                                 f"after {min_blocks} blocks stop when every batch's "
+                                 f"{level:.0%} interval of log r_q has half-width <= "
+                                 f"{tolerance:g}, else at {max_blocks} blocks",
+                         "half_widths": history, "stopped": stopped}}
 
 
 def time_configs(cfgs: Sequence[TrainConfig], warmup: int = 2, steps: int = 3,
-                 progress: bool = True, interleave: bool = True) -> list[dict]:
+                 progress: bool = True, interleave: bool = True, seed: int = 0) -> list[dict]:
     """`time_batches` over any configs (e.g. two tasks at one batch), in the order given: the
     same entries, the same interleaved rounds. Give throwaway run_dirs (time_batches uses a
     temporary directory). Configs that differ in more than the batch are compared at the same
@@ -111,9 +155,9 @@ def time_configs(cfgs: Sequence[TrainConfig], warmup: int = 2, steps: int = 3,
             update, compile_s = run.compile()
             entries.append(_entry(cfg, compile_s))
             runs.append([run, update, run.initial_state()])
+        rng = np.random.default_rng(seed)
         for r in range(warmup + steps):
-            order = range(len(runs)) if r % 2 == 0 else reversed(range(len(runs)))
-            for i in order:
+            for i in rng.permutation(len(runs)):
                 run, update, loop = runs[i]
                 runs[i][2] = _step(run, update, loop, entries[i] if r >= warmup else None)
                 bar.update()

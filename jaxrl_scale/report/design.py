@@ -121,14 +121,21 @@ def power_lines(summary: Summary | dict) -> list[str]:
                        "verdicts rest on the bootstrap alone.")
             continue
         pw = p.get("power_r_N") or {}
+        at = ", ".join(f"at {e}: {fmt(pw.get(e), 2)}" for e in ("1.15", "1.3", "1.5")
+                       if pw.get(e) is not None)
+        q = ""
+        if p.get("pass_se") is not None:
+            q = (f"; r_q from the timing pass adds its error (SE of log r_q "
+                 f"{fmt(p['pass_se'], 2)}, {p.get('pass_df')} df; from learning alone the "
+                 f"design would detect r_N >= {fmt(p.get('min_detectable_r_N_learning_only'))})")
         out.append(
             f"Power [{algo}]: with {p['seeds']} seeds per config and Holm over {p['tests']} "
-            f"configs at family-wise error {fmt(p['alpha'], 2)}, this design detects r_N >= "
-            f"{fmt(p['min_detectable_r_N'])} and T/T0 >= {fmt(p['min_detectable_T_over_T0'])} "
-            f"(or <= {fmt(p.get('min_detectable_T_over_T0_below'))}) with 80% power (measured "
+            f"configs at family-wise error {fmt(p['alpha'], 2)}, this design calls a config "
+            f"slower with 80% power when its r_N >= {fmt(p['min_detectable_r_N'])} at the "
+            f"reference's throughput, and T/T0 >= {fmt(p['min_detectable_T_over_T0'])} "
+            f"(or <= {fmt(p.get('min_detectable_T_over_T0_below'))}) (measured "
             f"spread of log N* between seeds, eval noise included: {fmt(p['sigma_log_N'], 2)}, "
-            f"{p['df']} df); power at r_N = 1.3: {fmt(pw.get('1.3'), 2)}, at 1.5: "
-            f"{fmt(pw.get('1.5'), 2)}." + _design_note(p) + _evals_note(p))
+            f"{p['df']} df{q}); power at r_N {at}." + _design_note(p) + _evals_note(p))
     return out
 
 
@@ -176,6 +183,16 @@ def drift_lines(summary: Summary | dict) -> list[str]:
     if d.get("controlled") and d.get("max_disagreement"):
         line += (f"; in-run and interleaved r_q differ by up to a factor "
                  f"{fmt(d['max_disagreement'])}")
+    if d.get("disagree"):
+        rows = d.get("configs") or {}
+        line += ("; they disagree beyond their intervals (Welch test at "
+                 f"{fmt(1 - s.ci_level, 2)}) for " + ", ".join(
+                     f"{g} (in-run {fmt(rows[g].get('r_q_in_run'))}, pass "
+                     f"{fmt_ci(rows[g].get('r_q_interleaved'), rows[g].get('r_q_interleaved_ci'))})"
+                     for g in d["disagree"]) + ": the pass times the warm-start policy in "
+                 "interleaved rounds, the runs time their own training")
+    elif d.get("controlled") and "disagree" in d:
+        line += "; they agree within their intervals for every config"
     return [line + "."]
 
 

@@ -58,6 +58,9 @@ def _ref_miss_line(summary: Summary, algo: str, prefix: str) -> str:
                 "curves, throughput and grad norms below still stand.")
 
 
+FRAGILE_BELOW = 0.8   # familywise.POWER: a verdict a rerun reverses more often is flagged
+
+
 def _verdict_lines(summary: Summary, algo: str, prefix: str) -> list[str]:
     a = _algo_info(summary, algo)
     ref = a.reference_config
@@ -77,6 +80,19 @@ def _verdict_lines(summary: Summary, algo: str, prefix: str) -> list[str]:
                    by["slower"], key=lambda kv: kv[1].T_over_T0)) or "none") + ".")
     out.append(f"{prefix}Indistinguishable from the reference (no family-wise difference): "
                + ("; ".join(tt(g, st) for g, st in by["indistinguishable"]) or "none") + ".")
+    fragile = [(g, st) for g, st in items if st.rerun_agreement is not None
+               and st.rerun_agreement < FRAGILE_BELOW]
+    if fragile:
+        out.append(f"{prefix}Within the design's power (a rerun gives the same verdict with "
+                   f"probability below {FRAGILE_BELOW:.0%}, were the truth the estimate): "
+                   + "; ".join(f"{g} {st.verdict} ({st.rerun_agreement:.0%})"
+                               for g, st in fragile)
+                   + ". The others are beyond it (a rerun agrees with probability >= "
+                   f"{FRAGILE_BELOW:.0%}).")
+    elif items:
+        out.append(f"{prefix}Every verdict is beyond the design's power: a rerun gives the same "
+                   f"verdict with probability >= {FRAGILE_BELOW:.0%} were the truth the "
+                   "estimate.")
     if by["not reached"]:
         out.append(f"{prefix}Not reached: " + "; ".join(
             f"{g} ({_desc(st)}): {st.seeds_reached}/{st.seeds} seeds "

@@ -147,7 +147,8 @@ def run_stats(run: Run, target: float, n_boot: int, rng: np.random.Generator,
                T=or_none(t_point) if reached else None, q_overall=or_none(q_all),
                responses_total=float(total_n), smoothed_final=float(fit[-1]),
                frac_replicates_reached=float(np.mean(np.isfinite(n_reps))),
-               evals_before_N_star=int(np.sum(n < point)) if reached else None,
+               # the run's own evals: the step-0 eval is shared by every run of a seed
+               evals_before_N_star=int(np.sum((n > 0) & (n < point))) if reached else None,
                updates_to_target=or_none(point / run.batch) if run.batch and reached else None)
     return out, {"N": n_reps, "q": q_reps, "fit": fit, "se": se}
 
@@ -507,6 +508,9 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
                                 offsets=timing_offsets)
     for g, f in fw["configs"].items():
         familywise.merge_into(configs[g], f)
+    sdrift.disagreements(drift_info, {g: f.get("r_q_in_run_test") or {}
+                                      for g, f in fw["configs"].items()},
+                         timing_offsets, ci_level)
     sdrift.use_interleaved_r_q(configs, drift_info, timing_offsets)
     best = fw["best_sets"]
     primary = _primary(refs)

@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxrl_scale.scaling import stats
+from jaxrl_scale.scaling import drift
 from jaxrl_scale.scaling.io import make_run, Run
 
 
@@ -50,11 +51,24 @@ class Design:
     drift: float = 0.0          # sd of a per-config log slow-down (back-to-back seeds)
     q: float = 1000.0           # responses / s of every config (r_q = 1 unless q_ratio)
     target_fraction: float = 0.5   # the analysis' auto target (analysis.auto_target)
+    # The timing pass r_q comes from (issue 38): 0 blocks = none (r_q from in-run q). Per
+    # block every config's log step time moves by N(0, pass_block_sd) (a fresh build at a
+    # later minute), per round by N(0, pass_round_sd) (PASS_NOISE: from the recorded passes).
+    timing_blocks: int = 0         # blocks before the stopping rule (experiment.timing)
+    timing_max_blocks: int = 0     # ... at most (0: timing_blocks, no stopping rule)
+    timing_tolerance: float = 0.07
+    timing_rounds: int = 8
+    pass_block_sd: float = 0.0
+    pass_round_sd: float = 0.0
 
     @property
     def reference(self) -> str:
         return self.configs[0][0]
 
+
+# Noise of the recorded timing passes (results/calibration/pass_noise.py reads them): per
+# config, the sd of log step seconds between rounds of a pass and between passes of a study.
+PASS_NOISE = {"pass_round_sd": 0.09, "pass_block_sd": 0.055}
 
 # The default study before its powered design (8 configs, 3 seeds, 16 samples per prompt
 # every 5,120 responses): recorded in results/calibration.
@@ -66,7 +80,47 @@ POWERED = dataclasses.replace(SAMPLED_3_SEEDS, seeds=8, eval_every=1024)
 # 12 seeds, exact evals every 1,024 responses.
 DEFAULT = dataclasses.replace(
     SAMPLED_3_SEEDS, configs=SAMPLED_3_SEEDS.configs[:5], seeds=12, eval_every=1024, eval_n=0,
-    target_fraction=0.75)
+    target_fraction=0.75, timing_blocks=4, timing_max_blocks=8, **PASS_NOISE)
+# The default study's learning alone (r_q from in-run q): the design before issue 38.
+DEFAULT_NO_PASS = dataclasses.replace(DEFAULT, timing_blocks=0)
+
+
+def _max_blocks(design: Design) -> int:
+    return max(design.timing_blocks, design.timing_max_blocks)
+
+
+def simulate_pass_units(design: Design, rng: np.random.Generator, q_ratio: dict,
+                        n_sweeps: int) -> np.ndarray:
+    """[S, C, max blocks] per-block log r_q that `drift.pass_ratio` computes from a simulated
+    pass: each block's mean over rounds of the paired log ratio against the reference (the
+    stopping rule, `drift.blocks_to_stop`, then takes the first n of them)."""
+    C, nb, R = len(design.configs), _max_blocks(design), design.timing_rounds
+    logq = np.log([q_ratio.get(c[0], 1.0) for c in design.configs])
+    noise = (design.pass_block_sd * rng.standard_normal((n_sweeps, C, nb, 1))
+             + design.pass_round_sd * rng.standard_normal((n_sweeps, C, nb, R)))
+    d = logq[None, :, None, None] - (noise - noise[:, :1])
+    return d.mean(axis=3)
+
+
+def simulate_timing(design: Design, rng: np.random.Generator, q_ratio: dict) -> list[dict]:
+    """A simulated timing pass (timing.json's entries, `experiment.timing.time_blocks`): per
+    block and round one step of every batch, B / q seconds times the design's noise (and a
+    round-wide factor that the pairing cancels)."""
+    C, nb, R = len(design.configs), _max_blocks(design), design.timing_rounds
+    blk = design.pass_block_sd * rng.standard_normal((C, nb, 1))
+    rnd = design.pass_round_sd * rng.standard_normal((C, nb, R))
+    common = 0.1 * rng.standard_normal((1, nb, R))
+    logt = blk + rnd + common
+    units = (logt[:1] - logt[1:]).mean(axis=2)        # log r_q per block, q's truth aside
+    nb = drift.blocks_to_stop(units, design.timing_blocks, design.timing_tolerance, 0.9)
+    out = []
+    for c, (name, batch, _) in enumerate(design.configs):
+        q = design.q * q_ratio.get(name, 1.0)
+        s = batch / q * np.exp(logt[c, :nb])
+        out.append({"batch": batch, "algo": "grpo", "gen_batch_ratio": 1,
+                    "step_s": s.reshape(-1).tolist(),
+                    "block": np.repeat(np.arange(nb), R).tolist()})
+    return out
 
 
 def eval_scores(design: Design, p: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -116,8 +170,9 @@ def one_sweep(design: Design, rng, r_N=None, q_ratio=None, n_boot: int = 50) -> 
     from jaxrl_scale.scaling.analysis import analyze_runs
     r_N, q_ratio = r_N or {}, q_ratio or {}
     runs = simulate_runs(design, rng, r_N, q_ratio)
+    timing = simulate_timing(design, rng, q_ratio) if design.timing_blocks else None
     s = analyze_runs(runs, "auto", n_boot=n_boot, seed=int(rng.integers(2 ** 31)),
-                     target_fraction=design.target_fraction)
+                     target_fraction=design.target_fraction, timing=timing)
     out = {}
     for name, _, _ in design.configs[1:]:
         st = s["configs"][name]
@@ -127,8 +182,10 @@ def one_sweep(design: Design, rng, r_N=None, q_ratio=None, n_boot: int = 50) -> 
                      "cover_T": cov(st.get("T_over_T0_ci") or [None, None], truth_t),
                      "cover_r_N": cov(st.get("r_N_ci") or [None, None], r_N.get(name, 1.0)),
                      "T_over_T0": st.get("T_over_T0"), "alike_T": st.get("alike_T")}
+    pw = ((s.get("power") or {}).get("grpo") or {}).get("power_r_N") or {}
     return {"configs": out, "best_set": s["best_set"],
-            "min_detectable_r_N": s.get("min_detectable_r_N")}
+            "min_detectable_r_N": s.get("min_detectable_r_N"), "stated_power": pw,
+            "disagree": (s.get("drift") or {}).get("disagree")}
 
 
 def calibrate(design: Design, n_sweeps: int, seed: int = 0, effects: Sequence[float] = (1.5,),
@@ -156,11 +213,13 @@ def calibrate(design: Design, n_sweeps: int, seed: int = 0, effects: Sequence[fl
             cov_by[g].append(c["cover_T"])
         if r["min_detectable_r_N"]:
             mde.append(r["min_detectable_r_N"])
-    power, false_eff, cov_eff = {}, {}, {}
+    power, false_eff, cov_eff, stated = {}, {}, {}, {}
     for e in effects:
         hits, wrong = [], []
         for _ in range(n_sweeps):
             r = one_sweep(design, rng, r_N={target_cfg: e}, n_boot=n_boot)
+            if r["stated_power"].get(f"{e:g}") is not None:
+                stated.setdefault(f"{e:g}", []).append(r["stated_power"][f"{e:g}"])
             hits.append(r["configs"][target_cfg]["verdict"] == "slower")
             wrong.append(any(c["verdict"] in ("faster", "slower")
                              for g, c in r["configs"].items() if g != target_cfg))
@@ -175,14 +234,27 @@ def calibrate(design: Design, n_sweeps: int, seed: int = 0, effects: Sequence[fl
             "coverage_r_N": _rate(cov_N),
             "coverage_T_null_by_config": {g: _rate(x) for g, x in cov_by.items()},
             "coverage_T_effect_config": {e: _rate(x) for e, x in cov_eff.items()},
-            "median_min_detectable_r_N": float(np.median(mde)) if mde else None}
+            "median_min_detectable_r_N": float(np.median(mde)) if mde else None,
+            "median_stated_power": {e: float(np.median(x)) for e, x in stated.items()}}
+
+
+def wilson(k: int, n: int, level: float = 0.95) -> list[float]:
+    """Wilson score interval of a binomial rate k / n."""
+    from jaxrl_scale.scaling.familywise import t_ppf
+    if n == 0:
+        return [math.nan, math.nan]
+    z = t_ppf(1 - (1 - level) / 2, math.inf)
+    p = k / n
+    c = (p + z * z / (2 * n)) / (1 + z * z / n)
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [c - h, c + h]
 
 
 def _rate(x) -> dict:
     x = np.asarray(x, float)
     p = float(x.mean()) if x.size else math.nan
     return {"rate": p, "mc_se": float(math.sqrt(p * (1 - p) / x.size)) if x.size else math.nan,
-            "n": int(x.size)}
+            "n": int(x.size), "ci95": wilson(int(x.sum()), int(x.size)) if x.size else None}
 
 
 # ----------------------------------------------------------------------------- fast path
@@ -271,11 +343,13 @@ def fast_rates(design: Design, n_sweeps: int, seed: int = 0, r_N: dict | None = 
     r_N, q_ratio = r_N or {}, q_ratio or {}
     rng = np.random.default_rng(seed)
     est = simulate_estimates(design, n_sweeps, rng, r_N, q_ratio)
+    units = (simulate_pass_units(design, rng, q_ratio, n_sweeps) if design.timing_blocks
+             else None)
     names = [c[0] for c in design.configs]
     ref = names[0]
     truth = {g: r_N.get(g, 1.0) / q_ratio.get(g, 1.0) for g in names}
     calls = {g: [] for g in names[1:]}
-    any_wrong, cov_T, cov_N, mde, need = [], [], [], [], []
+    any_wrong, cov_T, cov_N, mde, need, stated = [], [], [], [], [], []
     cov_by = {g: [] for g in names[1:]}
     for i in range(n_sweeps):
         per_run, configs = {}, {}
@@ -292,7 +366,14 @@ def fast_rates(design: Design, n_sweeps: int, seed: int = 0, r_N: dict | None = 
             qm = np.mean([per_run[r]["q"] for r in runs])
             configs[g] = {"algo": "grpo", "runs": runs, "reached": reached,
                           "is_reference": g == ref, "T": nm / qm if reached else None}
-        fw = familywise.sweep_tests(configs, per_run, {}, {"grpo": ref}, level)
+        offsets = None
+        if units is not None:
+            nb = drift.blocks_to_stop(units[i, 1:], design.timing_blocks,
+                                      design.timing_tolerance, level)
+            offsets = {g: drift.PassRatio(units[i, c, :nb], "block")
+                       for c, g in enumerate(names) if c > 0}
+        fw = familywise.sweep_tests(configs, per_run, {}, {"grpo": ref}, level,
+                                    offsets=offsets)
         wrong = False
         for g in names[1:]:
             f = fw["configs"].get(g)
@@ -308,6 +389,7 @@ def fast_rates(design: Design, n_sweeps: int, seed: int = 0, r_N: dict | None = 
             cov_N.append(bool(ci and ci[0] <= r_N.get(g, 1.0) <= ci[1]))
         any_wrong.append(wrong)
         pw = familywise.power_fields(fw, level, "grpo")
+        stated.append((pw["power"]["grpo"].get("power_r_N") or {}))
         if pw["min_detectable_r_N"]:
             mde.append(pw["min_detectable_r_N"])
             need.append((((pw["power"]["grpo"].get("design_for_target") or {})
@@ -319,4 +401,6 @@ def fast_rates(design: Design, n_sweeps: int, seed: int = 0, r_N: dict | None = 
             "coverage_r_N": _rate(cov_N),
             "coverage_T_by_config": {g: _rate(x) for g, x in cov_by.items()},
             "median_min_detectable_r_N": float(np.median(mde)) if mde else None,
-            "median_seeds_for_target": float(np.median(need)) if need else None}
+            "median_seeds_for_target": float(np.median(need)) if need else None,
+            "median_stated_power": {e: float(np.median([x[e] for x in stated if e in x]))
+                                    for e in (stated[0] if stated else {})}}

@@ -1,17 +1,29 @@
-"""Throughput that machine drift cannot fake (issue 27, item 5). Pure numpy.
+"""Throughput that machine drift cannot fake (issue 27 item 5, issue 38 item 1). Pure numpy.
 
 In-run q comes from each run's own step times, and a sweep runs each config's seeds back to
-back: a slow spell of a shared machine lands on one config and moves its r_q. An interleaved
-timing pass (`experiment.timing.time_batches`: every batch stepped once per round, in
-alternating order) sees the same machine states for every batch, so its per-round ratios
-cancel the drift. `interleaved_r_q` turns such a pass into r_q per config (paired over
-rounds, Student t over rounds) that the T/T0 tests prefer; the in-run r_q stays as a
-cross-check, and their disagreement is reported. Without a pass (logs alone), the summary says
-that machine drift is not controlled.
+back: a slow spell of a shared machine lands on one config and moves its r_q. A timing pass
+(`experiment.timing.time_batches`: every batch stepped once per round, in a random order per
+round) sees the same machine states for every batch, so its per-round ratios cancel the drift.
+
+Why blocks. Rounds of one pass are not independent replicates of the pass: four passes of the
+recorded default study, each with 8 rounds, gave r_q at B = 64 of 0.76-0.89 while each pass's
+per-round interval was about +-7%. What a rerun changes (the process, the build of each Run,
+the minutes of the machine) is shared by all rounds of a pass. So the pass runs in blocks, each
+building every Run afresh at a later time, and r_q's interval is the between-block one: the
+mean over blocks of each block's mean paired log ratio, with the spread of those block means
+(Student t, blocks - 1 df). That spread includes everything a fresh build and a later minute
+change, and the within-block noise. A pass recorded without blocks falls back to rounds as the
+units (said so in the summary: the between-pass spread is then not measured).
+
+`interleaved_r_q` turns a pass into r_q per config that the T/T0 tests use; the in-run r_q
+stays as a cross-check, and where the two disagree beyond their intervals the summary names
+the configs (`disagreements`). Without a pass (logs alone), the summary says that machine
+drift is not controlled.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -23,6 +35,29 @@ TIMING_FILE = "timing.json"
 NOT_CONTROLLED = ("machine drift is not controlled: r_q comes from in-run step times, and each "
                   "config's seeds ran back to back, so a slow spell of the machine can land on "
                   "one config (no interleaved timing pass recorded)")
+
+
+@dataclasses.dataclass(frozen=True)
+class PassRatio:
+    """log r_q of one config from a timing pass: per-unit values (blocks, or rounds of a pass
+    recorded without blocks), their mean, SE and df; `units` is aligned across the configs of
+    one pass (unit i of every config saw the same block), so differences pair."""
+    units: np.ndarray
+    unit: str           # "block" or "round"
+
+    @property
+    def log(self) -> float:
+        return float(np.mean(self.units))
+
+    @property
+    def df(self) -> int:
+        return int(self.units.size - 1)
+
+    @property
+    def se(self) -> float:
+        if self.units.size < 2:
+            return math.nan
+        return float(np.std(self.units, ddof=1) / math.sqrt(self.units.size))
 
 
 def read_timing(sweep_dir: str | None) -> list[dict] | None:
@@ -53,20 +88,55 @@ def _per_step(e: dict) -> np.ndarray:
     return np.asarray(s, float)
 
 
-def paired_log_ratio(steps: np.ndarray, batch: float, steps0: np.ndarray, batch0: float
-                     ) -> tuple[float, float, int]:
-    """(mean over rounds of log(q / q0), its SE, df) from per-round step seconds."""
-    r = min(steps.size, steps0.size)
-    d = np.log(batch / steps[:r]) - np.log(batch0 / steps0[:r])
-    d = d[np.isfinite(d)]
-    if d.size < 2:
-        return (float(d.mean()) if d.size else math.nan), math.nan, 0
-    return float(d.mean()), float(d.std(ddof=1) / math.sqrt(d.size)), d.size - 1
+def _blocks(e: dict, n: int) -> np.ndarray:
+    b = e.get("block")
+    return np.asarray(b, int)[:n] if b is not None and len(b) >= n else np.zeros(n, int)
+
+
+def pass_ratio(e: dict, e0: dict) -> PassRatio:
+    """log(q / q0) per unit from two entries of one pass (rounds aligned by position): the
+    mean over each block's rounds when the pass has >= 2 blocks, else each round."""
+    s, s0 = _per_step(e), _per_step(e0)
+    r = min(s.size, s0.size)
+    d = np.log(e["batch"] / s[:r]) - np.log(e0["batch"] / s0[:r])
+    blk = _blocks(e, r)
+    ok = np.isfinite(d)
+    d, blk = d[ok], blk[ok]
+    ids = np.unique(blk)
+    if ids.size >= 2:
+        return PassRatio(np.array([d[blk == i].mean() for i in ids]), "block")
+    return PassRatio(d, "round")
+
+
+def half_width(units: np.ndarray, level: float) -> float:
+    """Half-width of the t interval at `level` of the mean of `units` (inf below 2 units)."""
+    from jaxrl_scale.scaling.familywise import t_ppf
+    p = PassRatio(np.asarray(units, float), "block")
+    return t_ppf(1 - (1 - level) / 2, p.df) * p.se if p.df > 0 and p.se > 0 else math.inf
+
+
+def blocks_to_stop(units: np.ndarray, min_blocks: int, tolerance: float, level: float) -> int:
+    """The pass's stopping rule on per-block log r_q units [configs, blocks] (the blocks run so
+    far, or all `max` of a simulation): the first n >= min_blocks at which every config's
+    half-width over its first n blocks is <= tolerance, else all of them."""
+    units = np.atleast_2d(units)
+    for n in range(min_blocks, units.shape[1] + 1):
+        if all(half_width(u[:n], level) <= tolerance for u in units):
+            return n
+    return units.shape[1]
+
+
+def half_widths(entries: Sequence[dict], reference_batch: int, level: float) -> dict[int, float]:
+    """{batch: half-width of log r_q's interval at `level`} against the entry of
+    `reference_batch`: what the pass's stopping rule looks at (`experiment.timing`)."""
+    e0 = next((e for e in entries if e["batch"] == reference_batch), None)
+    return {int(e["batch"]): half_width(pass_ratio(e, e0).units, level)
+            for e in entries if e0 is not None and e is not e0}
 
 
 def interleaved_r_q(timing: Sequence[dict] | None, configs: dict, refs: Mapping, level: float
-                    ) -> tuple[dict, dict]:
-    """(summary "drift" dict, {config: (log r_q, se, df)} for `familywise.sweep_tests`).
+                    ) -> tuple[dict, dict[str, PassRatio]]:
+    """(summary "drift" dict, {config: PassRatio} for `familywise.sweep_tests`).
 
     refs: {algo: (reference config, runs)} as in the analysis. A config is matched to the
     pass's entry of its batch (and gen_batch_ratio, preferring its group size)."""
@@ -74,7 +144,7 @@ def interleaved_r_q(timing: Sequence[dict] | None, configs: dict, refs: Mapping,
         return {"controlled": False, "r_q_source": "in-run step times", "note": NOT_CONTROLLED,
                 "configs": {}}, {}
     from jaxrl_scale.scaling.familywise import t_ppf
-    out, offsets = {}, {}
+    out, offsets, units = {}, {}, set()
     for algo, (ref, _) in refs.items():
         if ref not in configs:
             continue
@@ -87,26 +157,62 @@ def interleaved_r_q(timing: Sequence[dict] | None, configs: dict, refs: Mapping,
             e = _match(timing, st)
             if e is None:
                 continue
-            lr, se, df = paired_log_ratio(_per_step(e), e["batch"], _per_step(e0), e0["batch"])
-            if not math.isfinite(lr):
+            p = pass_ratio(e, e0)
+            if not p.units.size or not math.isfinite(p.log):
                 continue
-            row = {"r_q_interleaved": math.exp(lr), "rounds": df + 1,
-                   "r_q_in_run": st.get("r_q")}
-            if df > 0 and se > 0:
-                c = t_ppf(1 - (1 - level) / 2, df)
-                row["r_q_interleaved_ci"] = [math.exp(lr - c * se), math.exp(lr + c * se)]
-                offsets[g] = (lr, se, df)
+            row = {"r_q_interleaved": math.exp(p.log), "units": int(p.units.size),
+                   "unit": p.unit, "r_q_in_run": st.get("r_q")}
+            if p.df > 0 and p.se > 0:
+                c = t_ppf(1 - (1 - level) / 2, p.df)
+                row["r_q_interleaved_ci"] = [math.exp(p.log - c * p.se),
+                                             math.exp(p.log + c * p.se)]
+                offsets[g] = p
+                units.add(p.unit)
             if st.get("r_q"):
-                row["in_run_over_interleaved"] = st["r_q"] / math.exp(lr)
+                row["in_run_over_interleaved"] = st["r_q"] / math.exp(p.log)
             out[g] = row
     dis = [abs(math.log(x["in_run_over_interleaved"])) for x in out.values()
            if x.get("in_run_over_interleaved")]
+    note = NOT_CONTROLLED
+    if offsets:
+        note = ("r_q (and so T/T0) from the interleaved timing pass; in-run r_q kept as a "
+                "cross-check")
+        if units == {"round"}:
+            note += ("; this pass has no blocks, so its interval is over rounds and does not "
+                     "include the spread between passes")
+        else:
+            note += ("; r_q's interval is between blocks (each a fresh build at a later "
+                     "time), so it includes the spread between passes")
     return {"controlled": bool(offsets),
             "r_q_source": "interleaved timing pass" if offsets else "in-run step times",
-            "note": ("r_q (and so T/T0) from the interleaved timing pass; in-run r_q kept as "
-                     "a cross-check" if offsets else NOT_CONTROLLED),
+            "note": note, "unit": sorted(units)[0] if len(units) == 1 else None,
             "max_disagreement": math.exp(max(dis)) if dis else None,
             "configs": out}, offsets
+
+
+def disagreements(drift: dict, in_run: Mapping[str, dict], offsets: Mapping[str, PassRatio],
+                  level: float) -> list[str]:
+    """Configs whose in-run r_q and pass r_q differ beyond their intervals: the two-sided
+    Welch test of log(in-run) - log(pass) at 1 - level (in_run: {config: {"log_ratio",
+    "se", "df"}}, the seed-paired t test of in-run log q). Also marked in drift["configs"]."""
+    from jaxrl_scale.scaling.familywise import t_sf
+    out = []
+    for g, p in offsets.items():
+        t = in_run.get(g) or {}
+        if not (t.get("se") and t.get("df") and p.df > 0):
+            continue
+        diff, se = t["log_ratio"] - p.log, math.sqrt(t["se"] ** 2 + p.se ** 2)
+        den = t["se"] ** 4 / t["df"] + p.se ** 4 / p.df
+        df = se ** 4 / den if den > 0 else t["df"]
+        pv = float(min(1.0, 2 * t_sf(abs(diff) / se, df))) if se > 0 else math.nan
+        row = drift["configs"].get(g)
+        if row is not None:
+            row["in_run_vs_pass_p"] = pv
+            row["in_run_vs_pass_disagree"] = bool(pv < 1 - level)
+        if pv < 1 - level:
+            out.append(g)
+    drift["disagree"] = sorted(out)
+    return sorted(out)
 
 
 def use_interleaved_r_q(configs: dict, drift: dict, offsets: Mapping) -> None:

@@ -192,6 +192,19 @@ def power(log_effect: float, se: float, df: float, alpha: float, m: int = 1) -> 
     return float(t_sf(c - d, df) + 1 - t_sf(-c - d, df))
 
 
+def rerun_agreement(verdict: str, log_ratio, se, df, alpha: float, m: int) -> float | None:
+    """Probability that an independent rerun of the same design gives the same verdict, were
+    the true log ratio the estimate (Holm's first step at alpha / m as the rerun's test): the
+    power at the estimate for "faster"/"slower", one minus it for "indistinguishable". Below
+    POWER the verdict is within the design's power: a rerun may well call it otherwise."""
+    if log_ratio is None or not (se and df and math.isfinite(log_ratio)):
+        return None
+    pw = power(abs(log_ratio), se, df, alpha, m)
+    if not math.isfinite(pw):
+        return None
+    return pw if verdict in ("faster", "slower") else 1.0 - pw
+
+
 def min_detectable_log_ratio(se: float, df: float, alpha: float, m: int = 1,
                              target_power: float = POWER) -> float:
     """Smallest |log ratio| detected with `target_power` by a two-sided test at alpha / m
@@ -222,14 +235,15 @@ def _values(configs: dict, per_run: dict, g: str, key: str) -> dict:
 
 def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[str, str],
                 level: float, margin: tuple[float, float] = EQUIV_MARGIN,
-                offsets: Mapping[str, tuple[float, float, float]] | None = None) -> dict:
+                offsets: Mapping[str, Any] | None = None) -> dict:
     """Family-wise verdicts, intervals and fastest sets for a sweep.
 
     configs: the analysis' per-config dicts ("algo", "runs", "reached", "is_reference");
     per_run: {run: {"N_star", "q", "seed"}}; creps: {config: {"T": bootstrap replicates of T,
     "r_N", ...}} (used when a design has no df); references: {algo: reference config}.
-    offsets: {config: (log r_q, se, df)} from an interleaved timing pass; T/T0 then uses it
-    (log T/T0 = log r_N - log r_q, Welch-Satterthwaite df) instead of the in-run q.
+    offsets: {config: `drift.PassRatio`} from an interleaved timing pass; T/T0 then uses it
+    (log T/T0 = log r_N - log r_q, Welch-Satterthwaite df) instead of the in-run q, and so do
+    the fastest sets (the verdicts and the fastest set rest on one r_q).
 
     Returns {"configs": {config: fields to merge}, "best_sets": {algo: [config, ...]},
     "families": {algo: {"sigma_log_N", "sigma_log_T", "df", "paired", "seeds"}},
@@ -254,6 +268,11 @@ def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[s
                      "seeds": var["T"]["seeds"], "sigma_log_N": var["N"]["sigma"],
                      "sigma_log_q": var["q"]["sigma"], "sigma_log_T": var["T"]["sigma"],
                      "configs": len(pool)}
+        se_q = [offsets[g].se for g in pool if g in offsets and offsets[g].df > 0]
+        if se_q:   # the timing pass's error enters every T/T0 test: the power includes it
+            fam[algo].update(pass_se=float(np.sqrt(np.mean(np.square(se_q)))),   # RMS
+                             pass_df=int(np.median(
+                [offsets[g].df for g in pool if g in offsets and offsets[g].df > 0])))
         for g in pool:
             if g == ref or configs[g].get("is_reference"):
                 continue
@@ -267,12 +286,9 @@ def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[s
                 else:
                     row[name] = {"method": "bootstrap", "p": math.nan}
             if g in offsets and var["N"]["df"] > 0:   # interleaved r_q replaces in-run q
-                est_n, se_n = contrast(vals["N"], g, ref, var["N"])
-                lq, se_q, df_q = offsets[g]
-                se = math.sqrt(se_n ** 2 + se_q ** 2)
-                den = se_n ** 4 / var["N"]["df"] + (se_q ** 4 / df_q if df_q > 0 else 0)
-                df = se ** 4 / den if den > 0 else var["N"]["df"]
-                row["T_over_T0"] = {**t_test(est_n - lq, se, df, level),
+                est, se, df = _with_pass(contrast(vals["N"], g, ref, var["N"]),
+                                         var["N"]["df"], offsets[g].units)
+                row["T_over_T0"] = {**t_test(est, se, df, level),
                                     "method": "paired t + interleaved r_q"}
             if row["T_over_T0"]["method"] == "bootstrap":
                 with np.errstate(divide="ignore", invalid="ignore"):
@@ -301,10 +317,15 @@ def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[s
             verdict = "faster" if est < 0 else "slower"
         else:
             verdict = "indistinguishable"
+        agree = rerun_agreement(verdict, tt.get("log_ratio"), tt.get("se"), tt.get("df"),
+                                alpha, m)
         entry = {"verdict": verdict, "p_value": tt.get("p"), "p_holm": float(pa),
+                 "rerun_agreement": agree,
                  "test": tt.get("method"),
                  "alike_T": inside(tt.get("sci", [None, None]), margin),
-                 "alike_r_N": inside(row["r_N"].get("sci", [None, None]), margin)}
+                 "alike_r_N": inside(row["r_N"].get("sci", [None, None]), margin),
+                 "r_q_in_run_test": {k: row["r_q"].get(k) for k in ("log_ratio", "se", "df")},
+                 "T_over_T0_test": {k: tt.get(k) for k in ("log_ratio", "se", "df")}}
         for name in ("r_N", "r_q", "T_over_T0"):
             x = row[name]
             if x.get("ci", [None])[0] is not None:
@@ -317,7 +338,10 @@ def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[s
     for algo in sorted({st["algo"] or "?" for st in configs.values()}):
         ok = [g for g, st in configs.items() if (st["algo"] or "?") == algo and st["reached"]
               and st.get("T") is not None and math.isfinite(st["T"])]
-        best[algo] = best_set(ok, configs, per_run, creps, alpha)
+        pass_units = ({g: offsets[g].units for g in ok if g in offsets}
+                      if offsets and all(g in offsets or configs[g].get("is_reference")
+                                         for g in ok) else None)
+        best[algo] = best_set(ok, configs, per_run, creps, alpha, pass_units)
     return {"configs": out_cfg, "best_sets": best, "families": fam, "n_tests": m,
             "alpha": alpha, "margin": list(margin),
             "method": "Holm over two-sided t tests on log ratios (seed-paired when the "
@@ -325,12 +349,31 @@ def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[s
                       "interval inside the margin; fastest set: Hsu's MCB"}
 
 
-def best_set(ok: list[str], configs: dict, per_run: dict, creps: dict, alpha: float
-             ) -> list[str]:
+def _with_pass(est_se: tuple[float, float], df_n: float, units: np.ndarray
+               ) -> tuple[float, float, float]:
+    """(log T ratio, SE, Welch-Satterthwaite df) from a log N* contrast (est, SE with df_n)
+    and the per-unit log r_q of the timing pass (`drift.PassRatio.units`, or a difference of
+    two configs' units): log T = log N - log q."""
+    est_n, se_n = est_se
+    u = np.asarray(units, float)
+    lq = float(u.mean())
+    se_q = float(u.std(ddof=1) / math.sqrt(u.size)) if u.size >= 2 else 0.0
+    df_q = u.size - 1
+    se = math.sqrt(se_n ** 2 + se_q ** 2)
+    den = se_n ** 4 / df_n + (se_q ** 4 / df_q if df_q > 0 else 0)
+    return est_n - lq, se, (se ** 4 / den if den > 0 else df_n)
+
+
+def best_set(ok: list[str], configs: dict, per_run: dict, creps: dict, alpha: float,
+             pass_units: Mapping[str, np.ndarray] | None = None) -> list[str]:
     """Configs not distinguishable from the fastest (Hsu's MCB, Bonferroni constant): g stays
-    unless log T_g - min_{h != g} log T_h > t_{1 - alpha/(C-1)} SE_gh."""
+    unless log T_g - min_{h != g} log T_h > t_{1 - alpha/(C-1)} SE_gh. With `pass_units`
+    ({config: per-unit log r_q of the timing pass}; the reference's is 0), log T = log N* -
+    log r_q as in the verdicts: the contrast of g and h adds the pass's paired difference."""
     if len(ok) <= 1:
         return list(ok)
+    if pass_units is not None:
+        return _best_set_with_pass(ok, configs, per_run, alpha, pass_units)
     vals = {g: _values(configs, per_run, g, "T") for g in ok}
     var = pooled_variance(vals)
     key = lambda g: (configs[g]["T"], g)
@@ -352,6 +395,31 @@ def best_set(ok: list[str], configs: dict, per_run: dict, creps: dict, alpha: fl
         if not worst > 0:
             keep.append(g)
     return sorted(keep, key=key)
+
+
+def _best_set_with_pass(ok: list[str], configs: dict, per_run: dict, alpha: float,
+                        pass_units: Mapping[str, np.ndarray]) -> list[str]:
+    vals = {g: _values(configs, per_run, g, "N") for g in ok}
+    var = pooled_variance(vals)
+    n = max(u.size for u in pass_units.values())
+    u = {g: np.asarray(pass_units.get(g, np.zeros(n)), float) for g in ok}
+    if var["df"] <= 0 or len({x.size for x in u.values()}) != 1:
+        return sorted(ok, key=lambda g: (configs[g]["T"], g))
+
+    def diff(g, h):   # (log T_g - log T_h, SE, df)
+        return _with_pass(contrast(vals, g, h, var), var["df"], u[g] - u[h])
+
+    est0 = {g: diff(g, ok[0])[0] for g in ok}
+    keep = []
+    for g in ok:
+        worst = -math.inf
+        for h in ok:
+            if h != g:
+                e, se, df = diff(g, h)
+                worst = max(worst, e - t_ppf(1 - alpha / (len(ok) - 1), df) * se)
+        if not worst > 0:
+            keep.append(g)
+    return sorted(keep, key=lambda g: (est0[g], g))
 
 
 DESIGN_TARGET_R_N = 1.3   # issue 27 item 6: the smallest r_N a design should detect
@@ -397,7 +465,7 @@ def design_for_target(fam: dict, m: int, alpha: float, k: int,
 
 
 def design_power(fam: dict, m: int, level: float, k: int | None = None,
-                 effects: Sequence[float] = (1.3, 1.5)) -> dict:
+                 effects: Sequence[float] = (1.15, 1.3, 1.5)) -> dict:
     """Power of this design (per algorithm family from `sweep_tests`): the smallest r_N and
     T/T0 detected with 80% power under Holm over m tests, and the power at `effects`."""
     alpha = 1 - level
@@ -408,10 +476,22 @@ def design_power(fam: dict, m: int, level: float, k: int | None = None,
     f = math.sqrt(2.0 / k)
     out = {"seeds": k, "df": fam["df"], "tests": m, "alpha": alpha, "power": POWER,
            "sigma_log_N": fam["sigma_log_N"], "sigma_log_T": fam["sigma_log_T"]}
-    for name, sig in (("r_N", fam["sigma_log_N"]), ("T_over_T0", fam["sigma_log_T"])):
-        d = min_detectable_log_ratio(sig * f, fam["df"], alpha, m)
+    tests = {"r_N": (fam["sigma_log_N"] * f, fam["df"]),
+             "T_over_T0": (fam["sigma_log_T"] * f, fam["df"])}
+    if fam.get("pass_se") is not None:
+        # T/T0 = r_N / r_q with r_q from the timing pass: a config slower by r_N at equal
+        # throughput is called by that test, whose SE adds the pass's (Welch df)
+        se_n, se_q, df_q = fam["sigma_log_N"] * f, fam["pass_se"], fam.get("pass_df") or 0
+        se = math.sqrt(se_n ** 2 + se_q ** 2)
+        den = se_n ** 4 / fam["df"] + (se_q ** 4 / df_q if df_q > 0 else 0)
+        tests["T_over_T0"] = tests["r_N"] = (se, se ** 4 / den if den > 0 else fam["df"])
+        d = min_detectable_log_ratio(se_n, fam["df"], alpha, m)
+        out.update(pass_se=se_q, pass_df=df_q,
+                   min_detectable_r_N_learning_only=math.exp(d) if math.isfinite(d) else None)
+    for name, (se, df) in tests.items():
+        d = min_detectable_log_ratio(se, df, alpha, m)
         out["min_detectable_" + name] = math.exp(d) if math.isfinite(d) else None
-        out["power_" + name] = {f"{e:g}": power(math.log(e), sig * f, fam["df"], alpha, m)
+        out["power_" + name] = {f"{e:g}": power(math.log(e), se, df, alpha, m)
                                 for e in effects}
     out["min_detectable_T_over_T0_below"] = (1 / out["min_detectable_T_over_T0"]
                                              if out["min_detectable_T_over_T0"] else None)

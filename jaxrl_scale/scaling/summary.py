@@ -181,6 +181,9 @@ class ConfigStats:
     T_over_T0_in_run: float | None = _opt()   # with r_q from the in-run q (timing pass used)
     r_q_in_run: float | None = _opt()          # r_q, r_q_ci: the timing pass's when it ran
     r_q_in_run_ci: Interval | None = _opt()
+    r_q_in_run_test: dict | None = _opt()      # {log_ratio, se, df}: the seed-paired t test
+    T_over_T0_test: dict | None = _opt()       # {log_ratio, se, df} of the verdict's test
+    rerun_agreement: float | None = _opt()     # P(a rerun gives this verdict), familywise
 
     def to_json(self) -> dict:
         return _json(self)
