@@ -75,6 +75,9 @@ SWEEP_ROWS = [
     ("--max_responses=0", "max_responses"), ("--tune_lrs=-1", "tune_lrs"),
     ("--group_sizes=1", "group_size"), ("--clip_low=-1", "clip_low"),
     ("--target_fraction=1.2", "target_fraction"), ("--target_fraction=0", "target_fraction"),
+    ("--timing_blocks=1", "timing_blocks"), ("--timing_tolerance=0", "timing_tolerance"),
+    ("--timing_blocks=6 --timing_max_blocks=4", "timing_max_blocks"),
+    ("--warmstart_seed=-1", "warmstart_seed"),
     ("--prompts=8,16 --base_prompts=16 --fixed_prompts=", "REACHED"),   # a good grid runs
 ]
 SFT_ROWS = [

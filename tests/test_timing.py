@@ -240,3 +240,22 @@ def test_roofline_fit_feeds_predict_r_q():
     r = predict_r_q(fit, [64, 256], 64)
     assert r["r_q"][0] == pytest.approx(1.0) and r["r_q"][1] > 1   # d0 amortised over rows
     assert np.all(np.isnan(r["r_q_ci"])) and r["boot"].shape == (0, 2)
+
+
+def test_time_blocks_rebuild_each_block_and_record_the_stopping_rule(tmp_path, data_dir):
+    """Issue 38: the pass runs in blocks (each a fresh build, its own random round order);
+    every step list has its block beside it, and timing.json records the rule it stopped by."""
+    from jaxrl_scale.experiment.timing import time_blocks
+    from jaxrl_scale.scaling.drift import half_widths, pass_ratio
+    base = _tiny_base(tmp_path, data_dir)
+    out = time_blocks(base, [8, 16], 8, warmup=0, steps=2, min_blocks=2, max_blocks=2,
+                      tolerance=1e-9, progress=False)
+    assert out["blocks"] == 2 and out["stopping"]["stopped"] == "max_blocks"
+    assert "after 2 blocks" in out["stopping"]["rule"]
+    for e in out["entries"]:
+        assert e["block"] == [0, 0, 1, 1] and len(e["step_s"]) == 4
+        assert len(e["compile_s"]) == 2          # built (and compiled) once per block
+    e8, e16 = out["entries"]
+    assert pass_ratio(e16, e8).unit == "block" and pass_ratio(e16, e8).units.size == 2
+    assert list(half_widths(out["entries"], 8, 0.9)) == [16]
+    assert [list(h) for h in out["stopping"]["half_widths"]] == [["16"], ["16"]]

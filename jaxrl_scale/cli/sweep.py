@@ -37,6 +37,7 @@ from absl import flags
 
 from jaxrl_scale.cli import (flagdefs, one_line_errors, print_summary, quiet_logging, run_main,
                              set_error_dir)
+from jaxrl_scale.experiment.errors import ConfigError
 from jaxrl_scale.experiment.rundir import prepare_run_dir
 from jaxrl_scale.experiment.config import TrainConfig
 from jaxrl_scale.experiment.sft import SFTConfig, sft_config_for, sft_path, sft_warmstart
@@ -102,7 +103,7 @@ flags.DEFINE_float("warmstart_accuracy", SFTConfig.target_accuracy,
                    "Greedy held-out accuracy the warm-start stops at.")
 flags.DEFINE_integer("warmstart_seed", 0, "Seed of the SFT warm-start (its init and data "
                      "order): another value is an independent warm-start, e.g. for a second "
-                     "replicate of a study with other --seeds.", lower_bound=0)
+                     "replicate of a study with other --seeds.")
 flags.DEFINE_bool("list_runs", False, "Print every run of the study as 'INDEX NAME' (the "
                   "lr-tuning runs first) and exit.")
 flags.DEFINE_integer("run_index", None, "Run only this run of --list_runs and exit without "
@@ -125,6 +126,9 @@ def main(argv):
                                          FLAGS["eval_mode"].present)
         sweep = sweep_from_flags()
         sft = None
+        if FLAGS.warmstart_seed < 0:
+            raise ConfigError("warmstart_seed", f"must be >= 0, got {FLAGS.warmstart_seed}",
+                              "e.g. --warmstart_seed=1")
         if FLAGS.warmstart and not (base.init_checkpoint or base.hf_checkpoint):
             sft = sft_config_for(base, FLAGS.warmstart_accuracy, FLAGS.warmstart_seed)
         validate_sweep(sweep, base, base.replace(init_checkpoint=sft_path(sft)) if sft else None)

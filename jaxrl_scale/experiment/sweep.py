@@ -587,35 +587,41 @@ def _tuned_plan(sweep: SweepConfig, base: TrainConfig, tune: list[TrainConfig],
     return lrs, runs
 
 
+def timing_pass(sweep: SweepConfig, runs: list[TrainConfig], progress: bool = True) -> dict:
+    """The interleaved timing pass (`experiment.timing.time_blocks`) over every synchronous
+    batch of each algorithm: timing.json's content {"entries", "interleaved", "steps",
+    "algos": {algo: {"blocks", "stopping"}}}. Every batch is stepped once per round on the same
+    machine state, in blocks, so r_q from it is not moved by a slow spell of the machine and
+    its interval covers the spread between passes (scaling.drift)."""
+    from jaxrl_scale.experiment.timing import time_blocks
+    entries, meta = [], {}
+    for algo in sweep.algos:
+        cfgs = [c for c in runs if c.algo == algo and c.gen_batch_ratio == 1]
+        if not cfgs:
+            continue
+        G = 1 if algo == "ppo" else (sweep.base_group or min(sweep.group_sizes))
+        ref = min(cfgs, key=lambda c: (c.group_size != G, c.batch_train))
+        batches = sorted({c.batch_train for c in cfgs if c.batch_train % G == 0})
+        out = time_blocks(ref.replace(group_size=G), batches, _reference_batch(sweep, algo),
+                          warmup=2, steps=sweep.timing_steps, min_blocks=sweep.timing_blocks,
+                          max_blocks=sweep.timing_max_blocks,
+                          tolerance=sweep.timing_tolerance, progress=progress)
+        entries += [{**e, "algo": algo} for e in out["entries"]]
+        meta[algo] = {"blocks": out["blocks"], "stopping": out["stopping"]}
+    return {"entries": entries, "interleaved": True, "steps": sweep.timing_steps,
+            "algos": meta}
+
+
 def write_timing_pass(sweep: SweepConfig, runs: list[TrainConfig], progress: bool = True
                       ) -> str | None:
-    """The interleaved timing pass (`experiment.timing.time_batches`) over every synchronous
-    batch of each algorithm, written to SWEEP_DIR/timing.json (kept when it exists): every
-    batch is stepped once per round on the same machine state, so r_q from it is not moved by
-    a slow spell of the machine (scaling.drift). None, or the error as one line."""
+    """`timing_pass` written to SWEEP_DIR/timing.json (kept when it exists). None, or the
+    error as one line (the study's runs stand; the analysis falls back to in-run q)."""
     from jaxrl_scale.scaling.drift import TIMING_FILE
     path = os.path.join(sweep.sweep_dir, TIMING_FILE)
     if os.path.isfile(path):
         return None
     try:
-        from jaxrl_scale.experiment.timing import time_blocks
-        entries, meta = [], {}
-        for algo in sweep.algos:
-            cfgs = [c for c in runs if c.algo == algo and c.gen_batch_ratio == 1]
-            if not cfgs:
-                continue
-            G = 1 if algo == "ppo" else (sweep.base_group or min(sweep.group_sizes))
-            ref = min(cfgs, key=lambda c: (c.group_size != G, c.batch_train))
-            batches = sorted({c.batch_train for c in cfgs if c.batch_train % G == 0})
-            out = time_blocks(ref.replace(group_size=G), batches, _reference_batch(sweep, algo),
-                              warmup=2, steps=sweep.timing_steps,
-                              min_blocks=sweep.timing_blocks,
-                              max_blocks=sweep.timing_max_blocks,
-                              tolerance=sweep.timing_tolerance, progress=progress)
-            entries += [{**e, "algo": algo} for e in out["entries"]]
-            meta[algo] = {"blocks": out["blocks"], "stopping": out["stopping"]}
-        write_json(path, {"entries": entries, "interleaved": True,
-                          "steps": sweep.timing_steps, "algos": meta}, indent=2)
+        write_json(path, timing_pass(sweep, runs, progress), indent=2)
     except Exception as e:  # the study's runs stand; the analysis falls back to in-run q
         _write_error(os.path.join(sweep.sweep_dir, "_timing"), traceback.format_exc())
         return _one_line(e)
