@@ -73,6 +73,7 @@ SWEEP_ROWS = [
     ("--lr_rules=cubic", "lr_rules"), ("--pairs=32y4", "pairs"), ("--target=foo", "target"),
     ("--gen_batch_ratios=0", "gen_batch_ratios"), ("--base_prompts=7", "base_prompts"),
     ("--max_responses=0", "max_responses"), ("--tune_lrs=-1", "tune_lrs"),
+    ("--tune_seeds=0,0", "tune_seeds"), ("--tune_seeds=", "tune_seeds"),
     ("--group_sizes=1", "group_size"), ("--clip_low=-1", "clip_low"),
     ("--target_fraction=1.2", "target_fraction"), ("--target_fraction=0", "target_fraction"),
     ("--timing_blocks=1", "timing_blocks"), ("--timing_tolerance=0", "timing_tolerance"),

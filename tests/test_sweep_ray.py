@@ -141,10 +141,13 @@ def _cli(tmp_path, *args):
 def test_cli_list_runs_and_one_line_errors(tmp_path):
     listed = _cli(tmp_path, "--list_runs")
     assert listed.returncode == 0, listed.stderr
+    # the default study tunes every lr at 3 seeds (seed 0 keeps the one-seed name)
     assert listed.stdout.splitlines() == ["0 _lr_tune/grpo_P4_G2_lr0.001",
-                                          "1 grpo_P4_G2_sqrt_s0", "2 grpo_P8_G2_sqrt_s0"]
-    for args, msg in ((["--run_index=3"], "error: run_index: 3 is out of range: the study has 3 "
-                                          "runs, 0..2."),
+                                          "1 _lr_tune/grpo_P4_G2_lr0.001_s1",
+                                          "2 _lr_tune/grpo_P4_G2_lr0.001_s2",
+                                          "3 grpo_P4_G2_sqrt_s0", "4 grpo_P8_G2_sqrt_s0"]
+    for args, msg in ((["--run_index=5"], "error: run_index: 5 is out of range: the study has 5 "
+                                          "runs, 0..4."),
                       (["--executor=dask"], "error: executor: 'dask' is not one of")):
         res = _cli(tmp_path, *args)
         errs = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]

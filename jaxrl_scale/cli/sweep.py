@@ -2,9 +2,9 @@
 
 With no flags (--study=default): GRPO on the built-in 2-digit arithmetic task from the cached
 SFT warm-start of the character-level CPU policy; the base lr tuned at the reference batch
-B0 = 128 (P=16 x G=8) by a short stage of its own (1e-4, 2e-4, 3e-4); then P in
-{8, 16, 32, 64, 128} x G = 8 (64..1024 responses per update, 16x) with the sqrt lr rule, 12
-seeds each (the power to detect r_N = 1.3), exact evals every 1,024 responses
+B0 = 128 (P=16 x G=8) by a short stage of its own (1e-4, 2e-4, 3e-4 at 3 seeds each); then
+P in {8, 16, 32, 64, 128} x G = 8 (64..1024 responses per update, 16x) with the sqrt lr rule,
+12 seeds each (the power to detect r_N = 1.3), exact evals every 1,024 responses
 (--eval_mode=exact: the probability of a rewarded sample, no sampling noise), 2 micro-batches
 of whole groups (noise scale); then summary.json, report.md and figures in --sweep_dir, at a
 target chosen from the reference's curves (--target=auto). --study=full adds B = 32, the
@@ -59,6 +59,9 @@ SWEEP_HELP = {
     "max_responses": "response budget per run",
     "eval_every_responses": "evaluate about every this many retained responses",
     "tune_lrs": "base lrs tried at the reference batch first (empty: --base_lr)",
+    "tune_seeds": "seeds per lr in the lr-tuning stage (>= 2: the choice, its flat set and "
+                  "its bracket are told from seed noise with 90% intervals; one seed: the "
+                  "best score, noise not measured)",
     "tune_responses": "budget of each lr-tuning run",
     "retune_lr_per_batch": "also tune the lr at every batch of the grid (the source's "
                            "recommendation) and run a config per batch with its own tuned lr "

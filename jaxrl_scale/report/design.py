@@ -55,27 +55,72 @@ def lora_lines(summary: Summary | dict) -> list[str]:
             + "; ".join(cells) + "."]
 
 
+def _seeds_per_lr(t: dict) -> int:
+    return max((len(d) for d in t.get("per_seed") or []), default=1)
+
+
+def _lr_curve(t: dict) -> str:
+    """"score per lr: lr: score, ..." (one seed), or with the noise measured each lr's mean
+    and the interval of best - lr."""
+    if not t.get("noise_measured"):
+        return "score per lr: " + ", ".join(f"{fmt(lr)}: {fmt(v)}"
+                                            for lr, v in zip(t["grid"], t["scores"]))
+    diff = {d["lr"]: d for d in t.get("diff_from_best") or []}
+    cells = []
+    for lr, v in zip(t["grid"], t["scores"]):
+        d = diff.get(lr)
+        if lr == t.get("best_mean_lr"):
+            tail = "(best)"
+        elif d is None or d.get("ci") is None:
+            tail = "(failed)" if v is None else ""
+        else:
+            tail = (f"[{fmt(d['ci'][0], 2)}, {fmt(d['ci'][1], 2)}]"
+                    + (" worse" if d.get("worse") else ""))
+        cells.append(f"{fmt(lr)}: {fmt(v, 4)}" + (f" {tail}" if tail else ""))
+    level = f"{100 * t.get('level', 0.9):.0f}%"
+    return f"score per lr (mean, {level} CI of best - lr): " + ", ".join(cells)
+
+
 def lr_lines(summary: Summary | dict) -> list[str]:
-    """One line per algorithm's lr tuning: the bracket, or a WARNING when the chosen lr is at
-    the edge of the grid."""
+    """One line per algorithm's lr tuning: the choice, its flat set and bracket (intervals
+    when several seeds per lr measured the noise), or a WARNING when it is not bracketed."""
     s = as_summary(summary)
     by = s.lr_tuning_by_algo or ({s.primary_algo: s.lr_tuning} if s.lr_tuning else {})
     out = []
     for algo, t in sorted(by.items()):
         if not t or t.get("chosen") is None:
             continue
-        curve = ", ".join(f"{fmt(lr)}: {fmt(v)}" for lr, v in zip(t["grid"], t["scores"]))
-        if t.get("bracketed"):
-            lo, hi = t.get("bracket") or [None, None]
-            out.append(f"Learning rate [{algo}]: base lr {fmt(t['chosen'])} tuned at the "
-                       f"reference batch, bracketed by worse values {fmt(lo)} and {fmt(hi)} "
-                       f"(score per lr: {curve}).")
+        curve, k = _lr_curve(t), _seeds_per_lr(t)
+        lo, hi = t.get("bracket") or [None, None]
+        if not t.get("noise_measured"):
+            noise = f"{k} seed{'s' if k > 1 else ''} per lr: noise not measured"
+            if t.get("bracketed"):
+                out.append(f"Learning rate [{algo}]: base lr {fmt(t['chosen'])} tuned at the "
+                           f"reference batch ({noise}), bracketed by worse values {fmt(lo)} "
+                           f"and {fmt(hi)} ({curve}).")
+            else:
+                out.append(f"WARNING [{algo}]: the tuned base lr {fmt(t['chosen'])} is at the "
+                           f"edge of the tuning grid ({noise}; {curve}), after "
+                           f"{t.get('extensions', 0)} extensions: the optimum may lie outside "
+                           "it, and batches scaled from it by the lr rule are confounded with "
+                           "a mistuned lr.")
+            continue
+        f_lo, f_hi = t["flat"]
+        if f_lo == f_hi:
+            flat = f"{k} seeds per lr; no other lr within noise of the best mean"
         else:
-            out.append(f"WARNING [{algo}]: the tuned base lr {fmt(t['chosen'])} is at the edge "
-                       f"of the tuning grid (score per lr: {curve}), after "
-                       f"{t.get('extensions', 0)} extensions: the optimum may lie outside it, "
-                       "and batches scaled from it by the lr rule are confounded with a "
-                       "mistuned lr.")
+            flat = (f"{k} seeds per lr; flat: {fmt(f_lo)}..{fmt(f_hi)} within noise, chosen by "
+                    "rule: the middle of the flat set")
+        if t.get("bracketed"):
+            out.append(f"Learning rate [{algo}]: base lr {fmt(t['chosen'])} ({flat}), "
+                       f"bracketed by significantly worse {fmt(lo)} and {fmt(hi)}; {curve}.")
+        else:
+            sides = " or ".join(e for e, b in (("below", lo), ("above", hi)) if b is None)
+            out.append(f"WARNING [{algo}]: the tuned base lr {fmt(t['chosen'])} ({flat}) is "
+                       f"not bracketed: no lr {sides} the best mean in the tuning grid is "
+                       f"significantly worse, after {t.get('extensions', 0)} extensions "
+                       f"({curve}): the optimum may lie outside the grid, and batches scaled "
+                       "from it by the lr rule are confounded with a mistuned lr.")
     return out
 
 
@@ -96,6 +141,8 @@ def retune_lines(summary: Summary | dict) -> list[str]:
             cell = f"B={fmt(B)}: {fmt(t.get('chosen'))}"
             if not t.get("bracketed"):
                 cell += " (edge of its grid)"
+            if t.get("noise_measured") and t["flat"][0] != t["flat"][1]:
+                cell += f" (flat {fmt(t['flat'][0])}..{fmt(t['flat'][1])})"
             if lr0 and B0 and B != B0:
                 cell += f" (sqrt rule: {fmt(lr0 * (B / B0) ** 0.5)})"
             cells.append(cell)

@@ -1,75 +1,184 @@
-"""A tuned learning rate that brackets its optimum (issue 27, item 1). Pure functions.
+"""A tuned learning rate that brackets its optimum (issue 27, item 1) and tells its choice
+from noise (issue 38, item 3). Pure functions.
 
 The tuning stage scores a log-spaced grid of base lrs at the reference batch; a best value at
 an edge of the grid says only that the optimum lies beyond it. `extension` names the lrs to
 add (the edge times or divided by ``factor``) until the best value is interior, with a worse
 value on each side, up to a cap of extensions; `tune` runs that loop on a score function, and
-`lr_tuning` is the summary.json record {grid, scores, chosen, bracketed, bracket, extensions}.
-A missing score (a run that failed or diverged) counts as worse than any score.
+`lr_tuning` is the summary.json record.
+
+Scores are {lr: score} (one seed per lr) or {lr: {seed: score}}. With several seeds per lr
+the record compares every lr with the best mean under `familywise`'s model (score =
+mu_lr + s_seed + e, the seed effects paired out when every lr ran the same seeds, the
+variance pooled over lrs): an lr is *significantly worse* than the best when the LEVEL (90%)
+two-sided t interval of best - lr lies above 0 (a one-sided test at 5% per comparison). The
+*flat set* is the run of grid lrs around the best that are not significantly worse; the
+*bracket* the nearest significantly worse lr on each side; the choice the declared RULE (the
+middle of the flat set). With one seed per lr the noise is not measured: the best score is
+chosen and "worse" means any lower score, as before.
+
+A missing score (a run that failed or diverged) counts as worse than any score; an lr with
+any seed missing counts as failed, significantly worse than every scored lr.
+
+Under a flat true curve a 3-lr grid is bracketed with probability <= 0.05: bracketed needs
+the middle lr's mean to beat both edges significantly, and each of those one-sided tests has
+level 0.05 (tests/test_lr_bracket.py measures 0.0025). The bound is for the grid as analysed:
+each extension is another look over a larger grid, and on a flat truth 3 extensions of a 3-lr
+grid make the claim in about 30% of simulated tunings (the same test); the intervals are not
+adjusted for the number of lrs.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+from jaxrl_scale.numbers import or_none
+from jaxrl_scale.scaling import familywise as fw
+
+LEVEL = 0.9
+RULE = ("the lr of the flat set (the grid lrs around the best mean not significantly worse "
+        "than it: the 90% interval of best - lr does not lie above 0) nearest in log lr to the "
+        "geometric mean of its ends (ties: the smaller lr)")
+RULE_ONE_SEED = "the best score (ties: the smaller lr); one seed per lr: noise not measured"
 
 
-def _clean(scores: Mapping[float, float | None]) -> dict[float, float]:
-    return {float(lr): (float(s) if s is not None and math.isfinite(s) else -math.inf)
-            for lr, s in scores.items()}
+def _table(scores: Mapping) -> tuple[dict[float, dict], bool]:
+    """({lr: {seed: score | None}}, whether seeds were given); plain scores get seed 0."""
+    given = any(isinstance(v, Mapping) for v in scores.values())
+    out = {}
+    for lr, v in scores.items():
+        d = v if isinstance(v, Mapping) else {0: v}
+        out[float(lr)] = {k: or_none(s) for k, s in d.items()}
+    return out, given
 
 
-def chosen(scores: Mapping[float, float | None]) -> float | None:
-    """The best lr (ties: the smaller lr); None when no lr has a score."""
-    sc = _clean(scores)
-    ok = {lr: s for lr, s in sc.items() if s > -math.inf}
+def _sorted(keys) -> list:
+    try:
+        return sorted(keys)
+    except TypeError:
+        return sorted(keys, key=str)
+
+
+def _means(tab: dict[float, dict]) -> dict[float, float]:
+    """Mean score per lr; -inf for an lr with any seed (or all seeds) missing."""
+    return {lr: (sum(d.values()) / len(d) if d and all(s is not None for s in d.values())
+                 else -math.inf) for lr, d in tab.items()}
+
+
+def _best(means: Mapping[float, float]) -> float | None:
+    ok = {lr: m for lr, m in means.items() if m > -math.inf}
     return max(ok, key=lambda lr: (ok[lr], -lr)) if ok else None
 
 
-def is_bracketed(scores: Mapping[float, float | None]) -> bool:
-    """The best lr has a strictly worse lr below and above it."""
-    best = chosen(scores)
+def _middle(flat: Sequence[float]) -> float:
+    """RULE: the lr of `flat` nearest in log lr to the geometric mean of its ends."""
+    centre = 0.5 * (math.log(flat[0]) + math.log(flat[-1]))
+    return min(flat, key=lambda lr: (round(abs(math.log(lr) - centre), 9), lr))
+
+
+def _analyse(scores: Mapping) -> dict:
+    """The whole record but "extensions" (see `lr_tuning`)."""
+    tab, given = _table(scores)
+    grid = sorted(tab)
+    means = _means(tab)
+    best = _best(means)
+    ok = {lr: tab[lr] for lr in grid if means[lr] > -math.inf}
+    var = fw.pooled_variance(ok) if ok else {"df": 0, "sigma": math.nan, "paired": False}
+    noise = best is not None and var["df"] > 0
+    seeds = _sorted({k for d in tab.values() for k in d}) if given else None
+    rec = {"grid": grid, "scores": [means[lr] if means[lr] > -math.inf else None for lr in grid],
+           "seeds": seeds, "per_seed": [{str(k): s for k, s in tab[lr].items()} for lr in grid],
+           "best_mean_lr": best, "noise_measured": noise, "level": LEVEL,
+           "sigma": var["sigma"] if noise else None, "df": var["df"] if noise else 0,
+           "paired": bool(var["paired"]) if noise else None,
+           "rule": RULE if noise else RULE_ONE_SEED}
+    rec["means"] = list(rec["scores"])
     if best is None:
-        return False
-    sc = _clean(scores)
-    return (any(lr < best and s < sc[best] for lr, s in sc.items())
-            and any(lr > best and s < sc[best] for lr, s in sc.items()))
+        return {**rec, "chosen": None, "bracketed": False, "bracket": [None, None],
+                "flat": None, "diff_from_best": []}
+    c = fw.t_ppf(1 - (1 - LEVEL) / 2, var["df"]) if noise else math.nan
+    diffs, worse = [], {}
+    for lr in grid:
+        if lr == best:
+            continue
+        if lr not in ok:       # failed: worse than every scored lr
+            diffs.append({"lr": lr, "diff": None, "se": None, "ci": None, "p": None,
+                          "worse": True, "failed": True})
+            worse[lr] = True
+            continue
+        if noise:
+            d, se = fw.contrast(ok, best, lr, var)
+            ci = [d - c * se, d + c * se]
+            diffs.append({"lr": lr, "diff": d, "se": se, "ci": ci,
+                          "p": fw.t_test(d, se, var["df"], LEVEL)["p"], "worse": ci[0] > 0})
+        else:
+            d = means[best] - means[lr]
+            diffs.append({"lr": lr, "diff": d, "se": None, "ci": None, "p": None,
+                          "worse": d > 0})
+        worse[lr] = diffs[-1]["worse"]
+    i = grid.index(best)
+    lo_i, hi_i = i, i
+    if noise:                 # the contiguous run of lrs not significantly worse
+        while lo_i > 0 and not worse[grid[lo_i - 1]]:
+            lo_i -= 1
+        while hi_i < len(grid) - 1 and not worse[grid[hi_i + 1]]:
+            hi_i += 1
+    below = [lr for lr in grid[:lo_i] if worse[lr]]
+    above = [lr for lr in grid[hi_i + 1:] if worse[lr]]
+    flat = grid[lo_i:hi_i + 1]
+    return {**rec, "chosen": _middle(flat) if noise else best,
+            "bracketed": bool(below and above),
+            "bracket": [below[-1] if below else None, above[0] if above else None],
+            "flat": [flat[0], flat[-1]] if noise else None, "diff_from_best": diffs}
 
 
-def extension(scores: Mapping[float, float | None], factor: float = 2.0) -> list[float]:
-    """The lrs to try next: [] when bracketed (or nothing scored); else min / factor when the
-    best has no worse value below it, max * factor when none above."""
-    best = chosen(scores)
-    if best is None or is_bracketed(scores):
+def chosen(scores: Mapping) -> float | None:
+    """The lr the record chooses (`lr_tuning`'s "chosen"); None when no lr has a score."""
+    return _analyse(scores)["chosen"]
+
+
+def is_bracketed(scores: Mapping) -> bool:
+    """The best lr has a worse lr below and above it (significantly worse when the noise is
+    measured)."""
+    return _analyse(scores)["bracketed"]
+
+
+def _extension(rec: dict, factor: float) -> list[float]:
+    best, grid = rec["best_mean_lr"], rec["grid"]
+    if best is None:
         return []
-    sc = _clean(scores)
+    m = {lr: (s if s is not None else -math.inf) for lr, s in zip(grid, rec["means"])}
+    flat = rec["flat"] or [None, None]
     out = []
-    if not any(lr < best and s < sc[best] for lr, s in sc.items()):
-        out.append(min(sc) / factor)
-    if not any(lr > best and s < sc[best] for lr, s in sc.items()):
-        out.append(max(sc) * factor)
+    if not any(lr < best and m[lr] < m[best] for lr in grid) or flat[0] == grid[0]:
+        out.append(grid[0] / factor)
+    if not any(lr > best and m[lr] < m[best] for lr in grid) or flat[1] == grid[-1]:
+        out.append(grid[-1] * factor)
     return [float(f"{x:.6g}") for x in out]
 
 
-def lr_tuning(scores: Mapping[float, float | None], extensions: int = 0) -> dict:
-    """summary.json "lr_tuning": the whole curve, the chosen lr and whether it is bracketed
-    (bracket: the nearest worse lr on each side)."""
-    grid = sorted(float(lr) for lr in scores)
-    best = chosen(scores)
-    sc = _clean(scores)
-    lo = [lr for lr in grid if best is not None and lr < best and sc[lr] < sc[best]]
-    hi = [lr for lr in grid if best is not None and lr > best and sc[lr] < sc[best]]
-    return {"grid": grid, "scores": [scores[lr] if lr in scores else scores.get(str(lr))
-                                     for lr in grid],
-            "chosen": best, "bracketed": is_bracketed(scores),
-            "bracket": [lo[-1] if lo else None, hi[0] if hi else None],
-            "extensions": extensions}
+def extension(scores: Mapping, factor: float = 2.0) -> list[float]:
+    """The lrs to try next: min / factor when no mean below the best mean is lower, or when
+    the flat set reaches the grid's lowest lr; max * factor likewise above; [] when bracketed
+    (or nothing scored)."""
+    return _extension(_analyse(scores), factor)
 
 
-def tune(score: Callable[[float], float | None], grid: Sequence[float], factor: float = 2.0,
+def lr_tuning(scores: Mapping, extensions: int = 0) -> dict:
+    """summary.json "lr_tuning": {grid, scores (the means per lr), means, per_seed [{seed:
+    score} per lr], seeds, chosen, bracketed, bracket (the nearest worse lr on each side of
+    the best mean, None where none), flat ([lo, hi]; None without noise), diff_from_best
+    [{lr, diff, se, ci, p, worse}: best - lr, its LEVEL t interval and two-sided p],
+    best_mean_lr, noise_measured, level, sigma, df, paired, rule, extensions}."""
+    return {**_analyse(scores), "extensions": extensions}
+
+
+def tune(score: Callable[[float], Any], grid: Sequence[float], factor: float = 2.0,
          max_extensions: int = 4) -> dict:
-    """Score `grid`, then extend it by `extension` until bracketed or `max_extensions` rounds
-    were added; returns `lr_tuning` of the whole curve."""
+    """Score `grid` (score(lr): a score, or {seed: score}), then extend it by `extension`
+    until nothing is to add or `max_extensions` rounds were added; returns `lr_tuning` of the
+    whole curve."""
     scores = {float(lr): score(float(lr)) for lr in grid}
     n = 0
     while n < max_extensions:
@@ -81,38 +190,50 @@ def tune(score: Callable[[float], float | None], grid: Sequence[float], factor: 
     return lr_tuning(scores, n)
 
 
+def upgrade(rec: dict | None) -> dict | None:
+    """A record written before issue 38 (no "noise_measured"; one seed per lr) rebuilt from its
+    grid and scores, so every reader sees the same keys."""
+    if not rec or "noise_measured" in rec or "grid" not in rec:
+        return rec
+    return lr_tuning(dict(zip(rec["grid"], rec.get("scores") or [])), rec.get("extensions", 0))
+
+
 def from_lr_tune_file(data: dict) -> dict:
-    """{algo: lr_tuning} from a sweep's lr_tune.json ("tuned": {algo: {"scores": {lr: s}}})."""
+    """{algo: lr_tuning} from a sweep's lr_tune.json ("tuned": {algo: {"lr_tuning": record}},
+    or before the record existed {algo: {"scores": {lr: s}}})."""
     out = {}
     for algo, t in (data.get("tuned") or {}).items():
         if t.get("lr_tuning"):
-            out[algo] = t["lr_tuning"]
+            out[algo] = upgrade(t["lr_tuning"])
         elif t.get("scores"):
             out[algo] = lr_tuning({float(k): v for k, v in t["scores"].items()},
                                   t.get("extensions", 0))
     return out
 
 
-def read_lr_tuning(sweep_dir: str | None, name: str = "lr_tune.json") -> dict:
-    """{algo: lr_tuning} of SWEEP_DIR/lr_tune.json; {} when there is none."""
+def _read(sweep_dir: str | None, name: str) -> dict | None:
     import json
     import os
     path = os.path.join(sweep_dir, name) if sweep_dir else None
     if not path or not os.path.isfile(path):
-        return {}
+        return None
     with open(path) as f:
-        return from_lr_tune_file(json.load(f))
+        return json.load(f)
+
+
+def read_lr_tuning(sweep_dir: str | None, name: str = "lr_tune.json") -> dict:
+    """{algo: lr_tuning} of SWEEP_DIR/lr_tune.json; {} when there is none."""
+    data = _read(sweep_dir, name)
+    return from_lr_tune_file(data) if data is not None else {}
 
 
 def read_tuning_extras(sweep_dir: str | None, name: str = "lr_tune.json") -> dict:
     """{"per_batch": {algo: {B: lr_tuning}}, "cost": {algo: {B: {runs, responses, wall_s}}}}
     of SWEEP_DIR/lr_tune.json (batches as ints; {} parts when absent)."""
-    import json
-    import os
-    path = os.path.join(sweep_dir, name) if sweep_dir else None
-    if not path or not os.path.isfile(path):
+    data = _read(sweep_dir, name)
+    if data is None:
         return {}
-    with open(path) as f:
-        data = json.load(f)
-    ints = lambda d: {a: {int(B): v for B, v in per.items()} for a, per in (d or {}).items()}
-    return {"per_batch": ints(data.get("tuned_per_batch")), "cost": ints(data.get("tuning_cost"))}
+    ints = lambda d, f=lambda v: v: {a: {int(B): f(v) for B, v in per.items()}
+                                     for a, per in (d or {}).items()}
+    return {"per_batch": ints(data.get("tuned_per_batch"), upgrade),
+            "cost": ints(data.get("tuning_cost"))}
