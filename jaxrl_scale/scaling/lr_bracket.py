@@ -20,12 +20,10 @@ chosen and "worse" means any lower score, as before.
 A missing score (a run that failed or diverged) counts as worse than any score; an lr with
 any seed missing counts as failed, significantly worse than every scored lr.
 
-Under a flat true curve a 3-lr grid is bracketed with probability <= 0.05: bracketed needs
-the middle lr's mean to beat both edges significantly, and each of those one-sided tests has
-level 0.05 (tests/test_lr_bracket.py measures 0.0025). The bound is for the grid as analysed:
-each extension is another look over a larger grid, and on a flat truth 3 extensions of a 3-lr
-grid make the claim in about 30% of simulated tunings (the same test); the intervals are not
-adjusted for the number of lrs.
+The intervals of best - lr are simultaneous over the lrs compared (Bonferroni over the
+scored lrs but the best), so under a flat true curve some lr is called significantly worse,
+and so the grid bracketed, with probability <= 0.05 however many lrs the extensions added
+(tests/test_lr_bracket.py measures it on a 3-lr grid and after 3 extensions).
 """
 
 from __future__ import annotations
@@ -38,8 +36,8 @@ from jaxrl_scale.scaling import familywise as fw
 
 LEVEL = 0.9
 RULE = ("the lr of the flat set (the grid lrs around the best mean not significantly worse "
-        "than it: the 90% interval of best - lr does not lie above 0) nearest in log lr to the "
-        "geometric mean of its ends (ties: the smaller lr)")
+        "than it: the simultaneous 90% interval of best - lr does not lie above 0) nearest in "
+        "log lr to the geometric mean of its ends (ties: the smaller lr)")
 RULE_ONE_SEED = "the best score (ties: the smaller lr); one seed per lr: noise not measured"
 
 
@@ -97,7 +95,8 @@ def _analyse(scores: Mapping) -> dict:
     if best is None:
         return {**rec, "chosen": None, "bracketed": False, "bracket": [None, None],
                 "flat": None, "diff_from_best": []}
-    c = fw.t_ppf(1 - (1 - LEVEL) / 2, var["df"]) if noise else math.nan
+    m = max(1, len(ok) - 1)   # comparisons with the best: simultaneous (Bonferroni) intervals
+    c = fw.t_ppf(1 - (1 - LEVEL) / (2 * m), var["df"]) if noise else math.nan
     diffs, worse = [], {}
     for lr in grid:
         if lr == best:
