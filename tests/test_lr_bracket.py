@@ -296,7 +296,7 @@ def test_report_states_choice_rule_and_intervals():
     assert line.startswith("Learning rate [grpo]: base lr 0.0001 (3 seeds per lr; flat: "
                            "5.00e-05..0.0004 within noise, chosen by rule: the middle of the "
                            "flat set), bracketed by significantly worse 2.50e-05 and 0.0008; "
-                           "score per lr (mean, 90% CI of best - lr): 2.50e-05: 0.2 [")
+                           "score per lr (mean, simultaneous 90% CI of best - lr): 2.50e-05: 0.2 [")
     assert "0.0004: 0.277 (best)" in line and " worse" in line
     t = lb.lr_tuning({lr: v for lr, v in _hand_made().items() if lr != 2.5e-5}, 3)
     (line,) = lr_lines({**base, "lr_tuning_by_algo": {"grpo": t}})

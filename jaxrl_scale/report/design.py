@@ -78,7 +78,7 @@ def _lr_curve(t: dict) -> str:
                     + (" worse" if d.get("worse") else ""))
         cells.append(f"{fmt(lr)}: {fmt(v, 4)}" + (f" {tail}" if tail else ""))
     level = f"{100 * t.get('level', 0.9):.0f}%"
-    return f"score per lr (mean, {level} CI of best - lr): " + ", ".join(cells)
+    return f"score per lr (mean, simultaneous {level} CI of best - lr): " + ", ".join(cells)
 
 
 def lr_lines(summary: Summary | dict) -> list[str]:
