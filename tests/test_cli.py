@@ -7,6 +7,7 @@ sentinel so a row that slipped through validation fails fast instead of training
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -506,6 +507,88 @@ def test_moe_bench_bad_flags_one_line(arg, field):
     assert res.returncode == 2, res.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith(f"error: {field}: "), lines
     assert ". Fix: " in lines[0]
+
+# ------------------------------------------------------------------ data, tokenizer, checkpoint
+
+_SMALL_DATA = ("--data_dir={data} --num_train_examples=64 --num_test_examples=16 "
+               "--eval_prompts=8")
+
+
+def _bad_inputs(tmp_path) -> dict:
+    """{name: path} of the bad files the rows below point at: HF checkpoints (a truncated
+    or corrupt safetensors file, a non-integer num_attention_heads) and tokenizer.json files
+    of the wrong kind; plus a good checkpoint ('ck') and the data dir."""
+    from test_faults import hf_variant, save_tiny_hf
+    from test_tokenizer import _build_hf_tokenizer, _wrong_kinds
+    ck = tmp_path / "ck"
+    save_tiny_hf(ck)
+    raw = (ck / "model.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    flipped = bytearray(raw)
+    flipped[raw.index(b'"shape"') + 2] ^= 0x20
+    paths = {"ck": ck, "data": tmp_path / "data"}
+    for name, weights in [("cut_header", raw[:8 + n // 2]), ("cut_data", raw[:-1000]),
+                          ("flipped", bytes(flipped))]:
+        paths[name] = hf_variant(ck, tmp_path / name, weights)
+    for name, heads in [("heads_str", "8.5"), ("heads_word", "eight"), ("heads_float", 8.5)]:
+        paths[name] = hf_variant(ck, tmp_path / name, num_attention_heads=heads)
+    _build_hf_tokenizer(tmp_path / "tok_good")
+    for name, (text, _) in _wrong_kinds(tmp_path / "tok_good").items():
+        d = paths[f"tok_{name}"] = tmp_path / f"tok_{name}"
+        d.mkdir()
+        (d / "tokenizer.json").write_bytes(text if isinstance(text, bytes) else text.encode())
+    return paths
+
+
+def test_train_data_tokenizer_and_checkpoint_problems_one_line_each(tmp_path):
+    """What only the data, the tokenizer or the checkpoint's files show: one line naming the
+    field, exit 2, in seconds: before the warm-start (rows with the built-in model) and
+    before any weight is read."""
+    paths = _bad_inputs(tmp_path)
+    cases = {"max_prompt_len": (f"{_SMALL_DATA} --max_prompt_len=3", "max_prompt_len")}
+    cases.update({k: (f"--hf_checkpoint={{{k}}}", "hf_checkpoint") for k in (
+        "cut_header", "cut_data", "flipped", "heads_str", "heads_word", "heads_float")})
+    cases.update({k: (f"{_SMALL_DATA} --tokenizer={{{k}}}", "tokenizer") for k in paths
+                  if k.startswith("tok_") and k != "tok_good"})
+    rows = list(cases.values())
+    results = _table(tmp_path, "jaxrl_scale.cli.train", rows, **paths)
+    _check(results, rows)
+    line = {k: r["stderr"].strip() for k, r in zip(cases, results)}
+    assert re.fullmatch(r"error: max_prompt_len: 3 is shorter than the longest prompt, (\d+) "
+                        r"tokens \(train example \d+\)\. Fix: set --max_prompt_len >= \1 \(or "
+                        r"0: the longest prompt\); the model context is 128 tokens\.",
+                        line["max_prompt_len"]), line
+    assert "model.safetensors is truncated or corrupt: the header length field says" in \
+        line["cut_header"]
+    assert "config.json num_attention_heads='eight' must be an integer >= 1" in \
+        line["heads_word"]
+    assert "tokenizer.json is not a usable tokenizer.json: it holds a JSON list" in \
+        line["tok_list"]
+
+
+def test_short_max_prompt_len_real_commands_one_line_before_the_model(tmp_path):
+    """jaxrl-train (an HF checkpoint: no warm-start) and jaxrl-sft as a user runs them:
+    exit 2, the one line names max_prompt_len and the longest prompt, no traceback, no
+    crash file, nothing cached."""
+    from test_faults import save_tiny_hf
+    save_tiny_hf(tmp_path / "ck")
+    small = _SMALL_DATA.format(data=tmp_path / "data").split()
+    commands = {
+        "train": ["jaxrl_scale.cli.train", f"--hf_checkpoint={tmp_path / 'ck'}",
+                  "--tokenizer=char", f"--run_dir={tmp_path / 'run'}", "--max_steps=1"],
+        "sft": ["jaxrl_scale.cli.sft", f"--cache_dir={tmp_path / 'sft'}"]}
+    for name, cmd in commands.items():
+        res = subprocess.run([sys.executable, "-m", *cmd, *small, "--max_prompt_len=3"],
+                             capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                             env=dict(os.environ, JAX_PLATFORMS="cpu", TMPDIR=str(tmp_path)))
+        lines = [l for l in res.stderr.splitlines() if l.strip()]
+        assert res.returncode == 2 and len(lines) == 1, (name, res.stderr[-3000:])
+        assert re.fullmatch(r"error: max_prompt_len: 3 is shorter than the longest prompt, "
+                            r"(\d+) tokens \(train example \d+\)\. Fix: set --max_prompt_len "
+                            r">= \1 \(or 0: the longest prompt\); the model context is "
+                            r"(256|128) tokens\.", lines[0]), (name, lines)
+    assert not list(tmp_path.glob("**/crash-*")) and not list(tmp_path.glob("**/params"))
+
 
 # ------------------------------------------------------------------ run directory (issue 29)
 

@@ -23,6 +23,7 @@ import glob
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -816,23 +817,62 @@ def test_second_training_in_a_run_dir_is_refused_naming_the_holder(tmp_path):
             pass
 
 
-def test_unwritable_run_dir_is_refused_before_loading_anything(tmp_path):
-    """A run dir under a file (and, when not root, a read-only directory): one ConfigError on
-    run_dir, before the data is built."""
+def _read_only_filesystem(monkeypatch, under):
+    """os.makedirs fails under `under` as on a read-only mount (EROFS), which no user, root
+    included, writes through."""
+    real = os.makedirs
+
+    def makedirs(name, *a, **kw):
+        if os.path.abspath(name).startswith(str(under)):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), name)
+        return real(name, *a, **kw)
+    monkeypatch.setattr(os, "makedirs", makedirs)
+
+
+# Run directories no process can create or write, root included (none is about permissions):
+# case -> what the line's fix says
+_UNUSABLE_RUN_DIRS = {
+    "parent_is_a_file": "a part of that path is a file",            # mkdir: ENOTDIR
+    "parent_is_a_symlink_loop": "a symbolic link in that path loops",  # mkdir: ELOOP
+    "read_only_filesystem": "the filesystem is read-only",          # EROFS
+}
+
+
+@pytest.mark.parametrize("case", sorted(_UNUSABLE_RUN_DIRS))
+def test_unwritable_run_dir_is_refused_before_loading_anything(case, tmp_path, monkeypatch):
+    """A run dir that cannot be created or written for a reason other than permissions (so
+    the test runs as root too, as CI does): one ConfigError on run_dir that says why, before
+    the data is built."""
     from jaxrl_scale.experiment.config import ConfigError
     from jaxrl_scale.experiment.train import run_training
-    (tmp_path / "a_file").write_text("")
     data = tmp_path / "data"
-    cases = [tmp_path / "a_file" / "run"]
-    if os.geteuid() != 0:   # root writes through a chmod
-        ro = tmp_path / "read_only"
-        ro.mkdir()
-        ro.chmod(0o555)
-        cases.append(ro / "run")
-    for run_dir in cases:
-        with pytest.raises(ConfigError, match=r"^run_dir: cannot write in .*Fix: "):
-            run_training(fault_cfg(run_dir, data), progress=False)
+    if case == "parent_is_a_file":
+        (tmp_path / "a_file").write_text("")
+        run_dir = tmp_path / "a_file" / "run"
+    elif case == "parent_is_a_symlink_loop":
+        os.symlink("loop", tmp_path / "loop")
+        run_dir = tmp_path / "loop" / "run"
+    else:
+        run_dir = tmp_path / "ro_mount" / "run"
+        _read_only_filesystem(monkeypatch, tmp_path / "ro_mount")
+    with pytest.raises(ConfigError, match=r"^run_dir: cannot write in .*Fix: ") as e:
+        run_training(fault_cfg(run_dir, data), progress=False)
+    assert _UNUSABLE_RUN_DIRS[case] in str(e.value)
     assert not data.exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through a chmod (the cases above "
+                    "run as root)")
+def test_read_only_run_dir_by_permissions_is_refused(tmp_path):
+    from jaxrl_scale.experiment.config import ConfigError
+    from jaxrl_scale.experiment.train import run_training
+    ro = tmp_path / "read_only"
+    ro.mkdir()
+    ro.chmod(0o555)
+    with pytest.raises(ConfigError, match=r"^run_dir: cannot write in .*Permission denied.*"
+                                          r"Fix: choose a --run_dir you can write to"):
+        run_training(fault_cfg(ro / "run", tmp_path / "data"), progress=False)
+    assert not (tmp_path / "data").exists()
 
 
 def test_finished_run_is_reported_without_writing(env, tmp_path):
@@ -847,3 +887,198 @@ def test_finished_run_is_reported_without_writing(env, tmp_path):
     assert {p: os.stat(p).st_mtime_ns for p in glob.glob(f"{run_dir}/**", recursive=True)} \
         == before
     assert not (tmp_path / "no_data").exists()
+
+
+# ------------------------------------------------------------------ HF checkpoint files
+
+def save_tiny_hf(path, max_shard_bytes=None):
+    """The 'tiny' preset's init as an HF checkpoint (save_hf; no torch): (config, params)."""
+    from jaxrl_scale.models import get_config, init_params, save_hf
+    cfg = get_config("tiny")
+    params = init_params(cfg, 0)
+    save_hf(path, cfg, params, max_shard_bytes=max_shard_bytes)
+    return cfg, params
+
+
+def hf_variant(src, dst, weights: bytes | None = None, file: str = "model.safetensors",
+               **config):
+    """A copy of the checkpoint `src` at `dst` with `file` replaced by `weights` and/or
+    config.json's fields set to `config` (a value of None removes the field)."""
+    shutil.copytree(src, dst)
+    if weights is not None:
+        (dst / file).write_bytes(weights)
+    if config:
+        c = json.loads((dst / "config.json").read_text())
+        c.update(config)
+        (dst / "config.json").write_text(json.dumps({k: v for k, v in c.items()
+                                                     if v is not None}))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def hf_ckpt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hf") / "tiny"
+    cfg, params = save_tiny_hf(d)
+    return d, cfg, params
+
+
+def _refuse_tensor_reads(monkeypatch):
+    """Any tensor read fails the test: the checks must speak from config.json and the headers
+    (read without safetensors) alone."""
+    from jaxrl_scale.experiment import train
+    from jaxrl_scale.models import hf
+
+    def refuse(*a, **k):
+        raise AssertionError("tensor data read before every check passed")
+    monkeypatch.setattr(hf, "safe_open", refuse)
+    monkeypatch.setattr(train, "load_hf", refuse)
+
+
+def _leaves_equal(a, b):
+    import jax
+    la, lb = jax.tree.leaves_with_path(a), jax.tree.leaves_with_path(b)
+    assert [p for p, _ in la] == [p for p, _ in lb]
+    for (p, x), (_, y) in zip(la, lb):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=str(p))
+
+
+def test_truncated_safetensors_is_refused_before_any_tensor_is_read(hf_ckpt, tmp_path,
+                                                                    monkeypatch):
+    """Cut inside the length field, inside the header, at its end, inside the data, one byte
+    short, one byte long; then one shard of a sharded checkpoint: an HFCheckpointError naming
+    the file, before any tensor is read; from run_training, one ConfigError on
+    hf_checkpoint before the data is built."""
+    from jaxrl_scale.experiment.config import ConfigError
+    from jaxrl_scale.experiment.train import run_training
+    from jaxrl_scale.models.hf import HFCheckpointError, check_hf, load_hf
+    src = hf_ckpt[0]
+    raw = (src / "model.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    sizes = [0, 5, 8, 8 + n // 2, 8 + n - 1, 8 + n, 8 + n + 1, (8 + n + len(raw)) // 2,
+             len(raw) - 1]
+    _refuse_tensor_reads(monkeypatch)
+    cases = [raw[:k] for k in sizes] + [raw + b"\0"]
+    for i, weights in enumerate(cases):
+        d = hf_variant(src, tmp_path / f"cut{i}", weights)
+        for fn in (check_hf, load_hf):
+            with pytest.raises(HFCheckpointError, match=rf"^{re.escape(str(d))}/model\."
+                                                        "safetensors is truncated or corrupt: "):
+                fn(d)
+    data = tmp_path / "data"
+    with pytest.raises(ConfigError, match=rf"^hf_checkpoint: '{re.escape(str(d))}' cannot be "
+                                          r"used: .* is truncated or corrupt: .*\. Fix: "
+                                          r"re-download"):
+        run_training(fault_cfg(tmp_path / "run", data).replace(hf_checkpoint=str(d)),
+                     progress=False)
+    assert not data.exists()
+
+    sharded = tmp_path / "sharded"
+    save_tiny_hf(sharded, max_shard_bytes=100_000)
+    shards = sorted(sharded.glob("model-*.safetensors"))
+    assert len(shards) > 2
+    bad = hf_variant(sharded, tmp_path / "bad_shard", shards[1].read_bytes()[:-100],
+                     file=shards[1].name)
+    with pytest.raises(HFCheckpointError, match=rf"{shards[1].name} is truncated"):
+        load_hf(bad)
+    for index in (b"[]", b'{"weight_map": ', b'{"weight_map": {"x": 3}}'):
+        d = hf_variant(sharded, tmp_path / f"index{len(index)}", index,
+                       file="model.safetensors.index.json")
+        with pytest.raises(HFCheckpointError, match=r"model\.safetensors\.index\.json"):
+            load_hf(d)
+
+
+def test_corrupt_safetensors_header_is_refused_or_changes_nothing(hf_ckpt, tmp_path):
+    """One flipped bit in the length field or the header's JSON (150 seeded positions, plus
+    every byte of the metadata): refused with an HFCheckpointError naming the file, or (a bit
+    of the unused metadata) the params load unchanged. Nothing partial is ever used."""
+    from jaxrl_scale.models.hf import HFCheckpointError, check_hf, load_hf
+    src, _, params = hf_ckpt
+    raw = (src / "model.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    meta = raw.index(b'"__metadata__"')
+    positions = sorted(set(random.Random(0).sample(range(8 + n), 150)) |
+                       set(range(8)) | set(range(meta, meta + 32)))
+    d = hf_variant(src, tmp_path / "ck")
+    refused, unchanged = 0, 0
+    for pos in positions:
+        for bit in (0x01, 0x20):
+            flipped = bytearray(raw)
+            flipped[pos] ^= bit
+            (d / "model.safetensors").write_bytes(bytes(flipped))
+            try:
+                check_hf(d)
+            except HFCheckpointError as e:
+                assert str(d / "model.safetensors") in str(e) and "\n" not in str(e), str(e)
+                refused += 1
+                continue
+            _leaves_equal(load_hf(d)[1], params)
+            unchanged += 1
+    assert refused > 10 * unchanged and unchanged > 0, (refused, unchanged)
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("num_attention_heads", "8.5", "num_attention_heads='8.5' must be an integer >= 1"),
+    ("num_attention_heads", "eight", "num_attention_heads='eight' must be an integer >= 1"),
+    ("num_attention_heads", 8.5, "num_attention_heads=8.5 must be an integer >= 1"),
+    ("num_attention_heads", True, "num_attention_heads=True must be an integer"),
+    ("num_attention_heads", 0, "num_attention_heads=0 must be an integer >= 1"),
+    ("hidden_size", "64", "hidden_size='64' must be an integer"),
+    ("num_key_value_heads", 2.0, "num_key_value_heads=2.0 must be an integer"),
+    ("num_key_value_heads", 3, "cannot build: ModelConfig.num_heads=4 must be a multiple of "
+                               "num_kv_heads=3"),
+    ("max_position_embeddings", -1, "max_position_embeddings=-1 must be an integer >= 1"),
+    ("rms_norm_eps", "1e-6", "rms_norm_eps='1e-6' must be a finite number > 0"),
+    ("rope_theta", [1e6], r"rope_theta=\[1000000.0\] must be a finite number"),
+    ("vocab_size", None, r"missing required field\(s\) \['vocab_size'\]"),
+])
+def test_config_json_fields_of_the_wrong_type_are_one_clear_error(hf_ckpt, tmp_path,
+                                                                  monkeypatch, field, value,
+                                                                  match):
+    """A config.json integer that is not one (never truncated: 8.5 is not 8), a number that
+    is a string: an HFCheckpointError naming config.json and the field; the commands' one
+    line names hf_checkpoint. Nothing is read but config.json."""
+    from jaxrl_scale.experiment.config import ConfigError, hf_model_config
+    from jaxrl_scale.models.hf import HFCheckpointError, check_hf, load_hf
+    d = hf_variant(hf_ckpt[0], tmp_path / "ck", **{field: value})
+    _refuse_tensor_reads(monkeypatch)
+    for fn in (check_hf, load_hf):
+        with pytest.raises(HFCheckpointError, match=rf"^config\.json .*{match}"):
+            fn(d)
+    with pytest.raises(ConfigError, match=rf"^hf_checkpoint: '{re.escape(str(d))}' cannot be "
+                                          rf"used: config\.json .*{match}.*\. Fix: "):
+        hf_model_config(str(d))
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '{"vocab_size": ', "\udcff"])
+def test_config_json_that_is_no_json_object_is_one_clear_error(hf_ckpt, tmp_path, text):
+    from jaxrl_scale.models.hf import HFCheckpointError, load_hf
+    d = hf_variant(hf_ckpt[0], tmp_path / "ck")
+    (d / "config.json").write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(HFCheckpointError, match=rf"^{re.escape(str(d))}/config\.json (is not "
+                                                 "valid JSON|holds a JSON list, not an object)"):
+        load_hf(d)
+
+
+def test_short_max_prompt_len_is_refused_before_the_weights_are_read(hf_ckpt, tmp_path,
+                                                                     monkeypatch):
+    """--max_prompt_len below the longest prompt: the ConfigError names the field and the
+    longest prompt, from the tokenizer and the data alone (no weight read, nothing compiled)."""
+    from jaxrl_scale.experiment.config import ConfigError
+    from jaxrl_scale.experiment.train import run_training
+    _refuse_tensor_reads(monkeypatch)
+    cfg = fault_cfg(tmp_path / "run", tmp_path / "data").replace(
+        hf_checkpoint=str(hf_ckpt[0]), max_prompt_len=3)
+    with pytest.raises(ConfigError, match=r"^max_prompt_len: 3 is shorter than the longest "
+                                          r"prompt, (\d+) tokens \(\w+ example \d+\)\. Fix: set "
+                                          r"--max_prompt_len >= \1 \(or 0: the longest prompt\); "
+                                          r"the model context is 256 tokens\.$"):
+        run_training(cfg, progress=False)
+
+
+def test_intact_hf_checkpoint_is_the_runs_starting_point(hf_ckpt, tmp_path):
+    """The checks pass an intact checkpoint through: the run starts from its params exactly."""
+    from jaxrl_scale.experiment.train import Run
+    cfg = fault_cfg(tmp_path / "run", tmp_path / "data").replace(hf_checkpoint=str(hf_ckpt[0]))
+    run = Run(cfg)
+    assert run.model_cfg == hf_ckpt[1]
+    _leaves_equal(run.init_states[0].params, hf_ckpt[2])

@@ -100,3 +100,50 @@ def test_hf_tokenizer_eos_lookup_and_errors(tmp_path):
         HFTokenizer(str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="expected 'char'"):
         load_tokenizer("no-such-tokenizer")
+
+
+def _wrong_kinds(d):
+    """tokenizer.json files of the wrong kind -> what the error must say."""
+    good = json.loads((d / "tokenizer.json").read_text())
+    return {
+        "list": ("[1, 2, 3]", "it holds a JSON list, not a tokenizer object"),
+        "not_json": ('{"model": {"type": "BPE", ', "not valid JSON"),
+        "not_utf8": (b'{"model": "\xff"}', "not valid JSON"),
+        "config_json": (json.dumps({"vocab_size": 128, "model_type": "llama"}),
+                        'it has no "model" object, so it is not a Hugging Face tokenizers '
+                        "file"),
+        "model_type": (json.dumps(dict(good, model=dict(good["model"], type="SentencePiece"))),
+                       "its model type 'SentencePiece' is none of the tokenizers library's "
+                       "BPE, WordPiece, WordLevel, Unigram"),
+    }
+
+
+def test_hf_tokenizer_json_of_the_wrong_kind_is_one_clear_error(tmp_path):
+    """Not JSON, a JSON list, a config.json saved under the name, an unknown model type: one
+    line naming the file and what is wrong with it (the training commands print it as
+    `error: tokenizer: ...`, exit 2)."""
+    _build_hf_tokenizer(tmp_path / "good")
+    for name, (text, why) in _wrong_kinds(tmp_path / "good").items():
+        d = tmp_path / name
+        d.mkdir()
+        (d / "tokenizer.json").write_bytes(text if isinstance(text, bytes) else text.encode())
+        with pytest.raises(ValueError) as e:
+            load_tokenizer(str(d))
+        msg = str(e.value)
+        assert msg.startswith(f"HFTokenizer: {d}/tokenizer.json is not a usable tokenizer.json: "
+                              f"{why}"), (name, msg)
+        assert "\n" not in msg
+
+
+def test_other_tokenizers_models_load(tmp_path):
+    """WordPiece (and the library's other models) are tokenizers too: they load and round-trip."""
+    from tokenizers import Tokenizer as HFTok
+    from tokenizers import decoders, models, pre_tokenizers
+    vocab = {"<pad>": 0, "<eos>": 1, "[UNK]": 2, "4": 3, "2": 4, "+": 5, "##2": 6}
+    tk = HFTok(models.WordPiece(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tk.decoder = decoders.WordPiece()
+    tk.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>"}))
+    tok = load_tokenizer(str(tmp_path))
+    assert tok.encode("4 + 2") == [3, 5, 4] and tok.eos_id == 1

@@ -205,11 +205,12 @@ def check_flags() -> None:
         c.int_list_flag("hf_batch_sizes")
     c.check_choice("dtype", FLAGS.dtype, ("float32", "bfloat16", "float16"))
     if FLAGS.hf_checkpoint:
-        from jaxrl_scale.experiment.config import ConfigError
+        from jaxrl_scale.experiment.config import ConfigError, hf_model_config
         if not os.path.isfile(os.path.join(os.path.expanduser(FLAGS.hf_checkpoint),
                                            "config.json")):
             raise ConfigError("hf_checkpoint", f"no config.json in {FLAGS.hf_checkpoint!r}",
                               "point --hf_checkpoint at a HF checkpoint directory")
+        hf_model_config(FLAGS.hf_checkpoint)   # config.json's fields and the weights' headers
     else:
         c.check_model_preset()
     c.check_json_out()

@@ -16,7 +16,8 @@ def main(argv):
     with one_line_errors():
         cfg = flagdefs.build_from_flags(SFTConfig)
         validate_sft(cfg)    # before any data, model or compile (and before the cache)
-    path, info = sft_warmstart(cfg)
+    with one_line_errors():    # what only the data shows (a prompt over --max_prompt_len),
+        path, info = sft_warmstart(cfg)    # found before the model is built
     print(f"warm-start checkpoint: {path}")
     print(f"held-out greedy accuracy {info['accuracy']:.3f} after {info['steps']} steps "
           f"({info['seconds']:.0f} s, model preset {cfg.model!r})")

@@ -21,7 +21,7 @@ from jaxrl_scale.cli import (define_distributed_flags, flagdefs, init_distribute
 from jaxrl_scale.distributed import is_primary
 from jaxrl_scale.experiment.config import TrainConfig, check_resume, validate_for_devices
 from jaxrl_scale.experiment.sft import SFTConfig, sft_config_for, sft_path, sft_warmstart
-from jaxrl_scale.experiment.train import claim_run_dir, is_finished, run_training
+from jaxrl_scale.experiment.train import claim_run_dir, is_finished, load_inputs, run_training
 
 flagdefs.define_from_dataclass(TrainConfig)
 define_distributed_flags()
@@ -51,6 +51,10 @@ def _main(held: contextlib.ExitStack):
             # writable and ours until the command ends: before the warm-start and compile
             held.enter_context(claim_run_dir(cfg))
             set_error_dir(cfg.run_dir)
+            if sft is not None:
+                # what only the tokenizer and the data show (a prompt longer than
+                # --max_prompt_len): before the warm-start trains (run_training checks again)
+                load_inputs(cfg, sync_name="check_inputs")
     if sft is not None:
         path, info = sft_warmstart(sft, progress=is_primary())
         print(f"warm-start: {path} (greedy held-out accuracy {info['accuracy']:.3f})")

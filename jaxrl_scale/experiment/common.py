@@ -22,14 +22,17 @@ def load_splits(task: str, task_kwargs: dict, data_dir: str, num_train: int = 0,
     return train, test
 
 
-def prompt_length(tokenizer, sources, max_prompt_len: int, context: int, field: str) -> int:
+def prompt_length(tokenizer, sources, max_prompt_len: int, context: int) -> int:
     """Token length every prompt is left-padded to.
 
     max_prompt_len = 0 picks the longest prompt in `sources` (not rounded up: every padded
     position costs the update and the prefill as much as a real token); a positive value is
-    checked against every prompt. Either way the result must fit the
-    model context (checked by the caller with max_new_tokens).
+    checked against every prompt: a ConfigError naming max_prompt_len and the longest prompt
+    when one is longer. Either way the result must fit the model context (`context` tokens,
+    checked by the caller with max_new_tokens). Needs only the tokenizer and the data, so it
+    runs before the model loads.
     """
+    from jaxrl_scale.experiment.errors import ConfigError
     longest, where = 0, None
     for name, src in sources:
         for i in range(len(src)):
@@ -39,10 +42,10 @@ def prompt_length(tokenizer, sources, max_prompt_len: int, context: int, field: 
     if max_prompt_len <= 0:
         return longest
     if longest > max_prompt_len:
-        raise ValueError(
-            f"{field}: {where[0]} example {where[1]} has a {longest}-token prompt > "
-            f"{max_prompt_len}. Fix: raise --max_prompt_len (or 0 for automatic); "
-            f"the model context is {context} tokens.")
+        raise ConfigError("max_prompt_len", f"{max_prompt_len} is shorter than the longest "
+                          f"prompt, {longest} tokens ({where[0]} example {where[1]})",
+                          f"set --max_prompt_len >= {longest} (or 0: the longest prompt); "
+                          f"the model context is {context} tokens")
     return max_prompt_len
 
 

@@ -1,6 +1,7 @@
 """Run configuration for GRPO/PPO training, validated before any compilation."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -338,6 +339,8 @@ def _check_paths(cfg: TrainConfig) -> None:
             os.path.join(os.path.expanduser(cfg.hf_checkpoint), "config.json")):
         raise _err("hf_checkpoint", f"no config.json in {cfg.hf_checkpoint!r}",
                    "point --hf_checkpoint at a directory with config.json and *.safetensors")
+    if cfg.hf_checkpoint:
+        hf_model_config(cfg.hf_checkpoint)
     if cfg.init_checkpoint and not exists(cfg.init_checkpoint):
         raise _err("init_checkpoint", f"{cfg.init_checkpoint!r} does not exist",
                    "point --init_checkpoint at an orbax params directory (e.g. the SFT "
@@ -359,6 +362,29 @@ def _check_paths(cfg: TrainConfig) -> None:
             raise _err("router_aux_coef", f"{cfg.loss.router_aux_coef} needs a mixture-of-"
                        f"experts model; preset {cfg.model!r} is dense",
                        "use --router_aux_coef=0, or an MoE preset such as --model=moe_cpu")
+
+
+@contextlib.contextmanager
+def hf_checkpoint_errors(path: str):
+    """An HFCheckpointError in the block (a file missing, truncated or corrupt, a config.json
+    field of the wrong type, an unsupported model) becomes a ConfigError naming hf_checkpoint."""
+    from jaxrl_scale.models.hf import HFCheckpointError
+    try:
+        yield
+    except HFCheckpointError as e:
+        problem = " ".join(str(e).split()).rstrip(".")
+        raise _err("hf_checkpoint", f"{path!r} cannot be used: {problem}",
+                   "re-download or repair that file, or point --hf_checkpoint at another "
+                   "checkpoint of a supported model") from None
+
+
+def hf_model_config(path: str):
+    """The ModelConfig of the HF checkpoint at `path` after every check that reads no tensor
+    data (models.hf.check_hf: config.json, the safetensors headers against the files' sizes,
+    tensor names and shapes); a ConfigError naming hf_checkpoint otherwise."""
+    from jaxrl_scale.models.hf import check_hf
+    with hf_checkpoint_errors(path):
+        return check_hf(os.path.expanduser(path))
 
 
 def _check_lora(cfg: TrainConfig, model_cfg=None) -> None:
@@ -453,11 +479,9 @@ def check_mesh(cfg: TrainConfig, num_devices: int | None = None):
 
 
 def _num_experts(cfg: TrainConfig) -> int:
-    """The model's expert count from its preset or config.json (nothing loaded)."""
+    """The model's expert count from its preset or config.json (no tensor data read)."""
     if cfg.hf_checkpoint:
-        with open(os.path.join(os.path.expanduser(cfg.hf_checkpoint), "config.json")) as f:
-            d = json.load(f)
-        return int(d.get("num_experts", d.get("num_local_experts", 0)) or 0)
+        return hf_model_config(cfg.hf_checkpoint).num_experts
     from jaxrl_scale.models.config import PRESETS
     return PRESETS[cfg.model].num_experts
 

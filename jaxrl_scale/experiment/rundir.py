@@ -51,6 +51,8 @@ def _fix_for(e: OSError, field: str) -> str:
         return f"a part of that path is a file: choose a --{field} whose parents are directories"
     if e.errno == errno.EROFS:
         return f"the filesystem is read-only: choose a --{field} on a writable one"
+    if e.errno == errno.ELOOP:
+        return f"a symbolic link in that path loops: choose a --{field} without it"
     return f"choose a --{field} you can write to (or fix the directory's permissions)"
 
 

@@ -210,7 +210,7 @@ def _train(cfg: SFTConfig, out_dir: str, info_path: str, progress: bool):
     train, test = load_splits(cfg.task, cfg.task_kwargs, cfg.data_dir, cfg.num_train_examples,
                               cfg.num_test_examples)
     prompt_len = prompt_length(tok, [("train", train), ("test", test)], cfg.max_prompt_len,
-                               model_cfg.max_seq_len, "SFTConfig.max_prompt_len")
+                               model_cfg.max_seq_len)
     n_train = max(cfg.batch_size, int(len(train) * cfg.fraction))
     train_rows = [train[i] for i in range(min(n_train, len(train)))]
     eval_rows = [test[i] for i in range(min(cfg.eval_prompts, len(test)))]

@@ -29,7 +29,7 @@ import json
 import os
 import time
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,8 +42,9 @@ from jaxrl_scale import optim
 from jaxrl_scale import sharding as shd
 from jaxrl_scale.checkpoint import Checkpointer, load_pytree
 from jaxrl_scale.experiment.common import load_splits, prompt_length, write_json
-from jaxrl_scale.experiment.config import (TrainConfig, check_resume, validate,
-                                           validate_for_devices, write_config)
+from jaxrl_scale.experiment.config import (TrainConfig, check_resume, hf_checkpoint_errors,
+                                           hf_model_config, validate, validate_for_devices,
+                                           write_config)
 from jaxrl_scale.experiment.config import ConfigError
 from jaxrl_scale.experiment.metrics import MetricsLog
 from jaxrl_scale.experiment.rundir import RunDirLock, prepare_run_dir
@@ -110,26 +111,63 @@ def optimizer_for(cfg: TrainConfig, base_lr: float, batch: int | None = None,
     return tx, functools.partial(optim.current_lr, hp, warmup_steps=o.warmup_steps)
 
 
-def _model(cfg: TrainConfig, tok, mesh):
-    """(model config, params or None): None means a random init from cfg.seed, which the
-    caller runs born sharded (`init_train_state`); an init_checkpoint is restored sharded
-    on `mesh` (each process reads its shards)."""
-    if cfg.hf_checkpoint:
-        model_cfg, params = load_hf(os.path.expanduser(cfg.hf_checkpoint))
-    else:
-        model_cfg = get_config(cfg.model)
-        params = None
+class Inputs(NamedTuple):
+    """What a run reads before its weights: the tokenizer, the data and the model's config."""
+    tok: Any
+    train_src: Any
+    test_src: Any
+    model_cfg: Any
+    prompt_len: int
+
+
+def load_inputs(cfg: TrainConfig, sync_name: str = "load_splits") -> Inputs:
+    """The run's tokenizer, data and model config (a preset, or --hf_checkpoint's config.json
+    and safetensors headers: no tensor data), with every check that needs them (the
+    tokenizer file, its vocabulary against the model's, the answers against max_new_tokens,
+    the prompts against max_prompt_len and the context): a ConfigError naming the field, before
+    any weight is read or anything compiled. `sync_name`: the multi-process barrier around the
+    data build (one name per call site: a barrier is passed once)."""
+    try:
+        tok = load_tokenizer(cfg.tokenizer)
+    except ValueError as e:
+        raise ConfigError("tokenizer", " ".join(str(e).split()).rstrip("."),
+                          "point --tokenizer at the directory of the model's tokenizer.json, or "
+                          "use --tokenizer=char") from None
+    with dist.primary_first(sync_name):   # process 0 builds the data, then the rest read it
+        train_src, test_src = load_splits(cfg.task, cfg.task_kwargs, cfg.data_dir,
+                                          cfg.num_train_examples, cfg.num_test_examples)
+    sources = [("train", train_src), ("test", test_src)]
+    from jaxrl_scale.data.rewards import ANSWER_IN_RESPONSE
+    from jaxrl_scale.experiment.common import check_answer_room
+    if not cfg.reward_fn and cfg.task in ANSWER_IN_RESPONSE:
+        check_answer_room(tok, sources, cfg.max_new_tokens)
+    model_cfg = hf_model_config(cfg.hf_checkpoint) if cfg.hf_checkpoint else \
+        get_config(cfg.model)
     if model_cfg.is_moe:
         model_cfg = model_cfg.replace(moe_dispatch=cfg.moe_dispatch)
     if tok.vocab_size > model_cfg.vocab_size:
-        raise ValueError(f"TrainConfig.tokenizer: vocab of {tok.vocab_size} ids exceeds the "
-                         f"model's {model_cfg.vocab_size}. Fix: choose a larger --model.")
+        raise ConfigError("tokenizer", f"its vocabulary of {tok.vocab_size} ids exceeds the "
+                          f"model's {model_cfg.vocab_size} logits", "use the model's own "
+                          "tokenizer, or a model with a larger vocabulary")
+    prompt_len = prompt_length(tok, sources, cfg.max_prompt_len, model_cfg.max_seq_len)
+    validate(cfg.replace(max_prompt_len=prompt_len), model_max_seq_len=model_cfg.max_seq_len)
+    return Inputs(tok, train_src, test_src, model_cfg, prompt_len)
+
+
+def _params(cfg: TrainConfig, model_cfg, mesh):
+    """The params to start from, or None: a random init from cfg.seed, which the caller runs
+    born sharded (`init_train_state`); an init_checkpoint is restored sharded on `mesh` (each
+    process reads its shards)."""
+    params = None
+    if cfg.hf_checkpoint:
+        with hf_checkpoint_errors(cfg.hf_checkpoint):
+            _, params = load_hf(os.path.expanduser(cfg.hf_checkpoint))
     if cfg.init_checkpoint:
         shapes = jax.eval_shape(lambda: init_params(model_cfg, 0))
         like = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                             shapes, shd.tree_shardings(mesh, shapes))
         params, _ = load_pytree(os.path.expanduser(cfg.init_checkpoint), like)
-    return model_cfg, params
+    return params
 
 
 _LORA_KEY = 0x10A   # folded into the seed for the adapters' init
@@ -165,32 +203,18 @@ class Run:
     the run's stateful readers (their position is checkpointed as data_position)."""
 
     def __init__(self, cfg: TrainConfig):
-        # cheap checks first: nothing is loaded or compiled on bad input
+        # cheap checks first: no weight is read and nothing compiled on bad input
         self.mesh = validate_for_devices(cfg)
         self.cfg = cfg
-        self.tok = load_tokenizer(cfg.tokenizer)
+        self.tok, self.train_src, self.test_src, self.model_cfg, self.prompt_len = \
+            load_inputs(cfg)
         from jaxrl_scale.data import PromptStream, reward_for_task, user_reward
-        with dist.primary_first("load_splits"):   # process 0 builds the data, then the rest read
-            self.train_src, self.test_src = load_splits(cfg.task, cfg.task_kwargs, cfg.data_dir,
-                                                        cfg.num_train_examples,
-                                                        cfg.num_test_examples)
         # The engine admits one prompt group at a time; the example order is the same.
         self.stream = PromptStream(self.train_src, 1 if cfg.use_engine else cfg.prompts_per_step,
                                    cfg.seed)
         self.reward_fn = user_reward(cfg.reward_fn, timeout_s=cfg.reward_timeout_s or None) \
             if cfg.reward_fn else reward_for_task(cfg.task)
-        from jaxrl_scale.data.rewards import ANSWER_IN_RESPONSE
-        from jaxrl_scale.experiment.common import check_answer_room
-        if not cfg.reward_fn and cfg.task in ANSWER_IN_RESPONSE:   # before the model loads
-            check_answer_room(self.tok, [("train", self.train_src), ("test", self.test_src)],
-                              cfg.max_new_tokens)
-        self.model_cfg, params = _model(cfg, self.tok, self.mesh)
-        self.prompt_len = prompt_length(
-            self.tok, [("train", self.train_src), ("test", self.test_src)], cfg.max_prompt_len,
-            self.model_cfg.max_seq_len, "TrainConfig.max_prompt_len")
-        validate(cfg.replace(max_prompt_len=self.prompt_len),
-                 data_parallel=shd.data_parallel_size(self.mesh),
-                 model_max_seq_len=self.model_cfg.max_seq_len)
+        params = _params(cfg, self.model_cfg, self.mesh)
         self.eval_rows = [self.test_src[i] for i in range(min(cfg.eval_prompts,
                                                               len(self.test_src)))]
 

@@ -16,25 +16,30 @@ HF stores torch Linear weights as [out, in]; our layout (decoder.py) stores [in,
   3-D gate_up_proj [E, 2F, D] / down_proj [E, D, F] parameters only in memory); load_hf also
   reads checkpoints stored in that fused layout. save_hf writes the per-expert one.
 
-Every check (architecture, tensor names, shapes) runs on config.json and the safetensors
-headers before any tensor data is read.
+Every check (architecture, config.json's field types, tensor names, shapes, each safetensors
+header against its file's size) runs on config.json and the safetensors headers before any
+tensor data is read (`check_hf`): a truncated or corrupt file, or a config.json that does not
+describe a model, is an HFCheckpointError (a ValueError) naming the file, and nothing of the
+checkpoint is used.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Callable, Iterator
 
 import jax.numpy as jnp
 import numpy as np
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from jaxrl_scale.models.config import ModelConfig
 from jaxrl_scale.models.decoder import Params, param_shapes
 from jaxrl_scale.numbers import write_json
 
-__all__ = ["load_hf", "save_hf", "config_from_hf", "config_to_hf"]
+__all__ = ["load_hf", "check_hf", "save_hf", "config_from_hf", "config_to_hf",
+           "HFCheckpointError", "CheckpointNotFoundError"]
 
 _ARCH_OF_CLASS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
                   "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe"}
@@ -46,8 +51,41 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 
-class CheckpointNotFoundError(ValueError, FileNotFoundError):
+class HFCheckpointError(ValueError):
+    """An HF checkpoint that cannot be used as it is: a file missing, truncated or corrupt, a
+    config.json field of the wrong type, an unsupported architecture, tensors that do not
+    match config.json. The message names the file and the field or tensor."""
+
+
+class CheckpointNotFoundError(HFCheckpointError, FileNotFoundError):
     """A checkpoint directory or file is missing (a ValueError and a FileNotFoundError)."""
+
+
+_err = HFCheckpointError
+
+
+def _int(d: dict, key: str, default: Any = None, lowest: int = 1) -> Any:
+    """config.json's integer field `key` (`default` when absent or null): a JSON integer >=
+    lowest, else an HFCheckpointError naming it (8.5 or "8" is not silently truncated)."""
+    v = d.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or v < lowest:
+        raise _err(f"config.json {key}={v!r} must be an integer >= {lowest}.")
+    return v
+
+
+def _num(d: dict, key: str, default: float, positive: bool = True) -> float:
+    """config.json's number field `key` (`default` when absent or null): finite, and > 0
+    (positive) or >= 0."""
+    v = d.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or \
+            v < 0 or (positive and v == 0):
+        raise _err(f"config.json {key}={v!r} must be a finite number "
+                   f"{'> 0' if positive else '>= 0'}.")
+    return float(v)
 
 
 # ----------------------------------------------------------------------------- config
@@ -57,19 +95,19 @@ def _rope_from_hf(d: dict) -> tuple[float, tuple | None]:
     transformers-4 `rope_theta` + `rope_scaling`."""
     rp = d.get("rope_parameters") or d.get("rope_scaling") or {}
     if not isinstance(rp, dict):
-        raise ValueError(f"config.json rope_parameters/rope_scaling={rp!r} must be a dict or null.")
+        raise _err(f"config.json rope_parameters/rope_scaling={rp!r} must be a dict or null.")
     if rp and all(isinstance(v, dict) or v is None for v in rp.values()):
         # nested per layer type, e.g. {"full_attention": {...}}: fine if they all agree
         subs = [v for v in rp.values() if v is not None]
         if any(s != subs[0] for s in subs):
-            raise ValueError(f"config.json rope_parameters={rp!r}: different RoPE per layer type "
-                             "is not supported; all layers must share one RoPE.")
+            raise _err(f"config.json rope_parameters={rp!r}: different RoPE per layer type "
+                       "is not supported; all layers must share one RoPE.")
         rp = subs[0] if subs else {}
-    theta = float(rp.get("rope_theta", d.get("rope_theta", 10000.0)) or 10000.0)
+    theta = _num(rp, "rope_theta", _num(d, "rope_theta", 0.0, False), False) or 10000.0
     partial = rp.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
     if partial not in (None, 1, 1.0):
-        raise ValueError(f"config.json partial_rotary_factor={partial} is not supported; "
-                         "only full rotary embeddings (1.0).")
+        raise _err(f"config.json partial_rotary_factor={partial} is not supported; "
+                   "only full rotary embeddings (1.0).")
     rope_type = rp.get("rope_type", rp.get("type", "default")) or "default"
     if rope_type == "default":
         return theta, None
@@ -80,11 +118,12 @@ def _rope_from_hf(d: dict) -> tuple[float, tuple | None]:
             if v is None and k == "original_max_position_embeddings":
                 v = d.get("original_max_position_embeddings", d.get("max_position_embeddings"))
             if v is None:
-                raise ValueError(f"config.json rope_parameters: rope_type 'llama3' needs {k!r}.")
-            scaling[k] = float(v) if k != "original_max_position_embeddings" else int(v)
+                raise _err(f"config.json rope_parameters: rope_type 'llama3' needs {k!r}.")
+            scaling[k] = _num({k: v}, k, 0.0) if k != "original_max_position_embeddings" \
+                else _int({k: v}, k)
         return theta, tuple(sorted(scaling.items()))
-    raise ValueError(f"config.json rope_type={rope_type!r} (rope_parameters/rope_scaling) is not "
-                     "supported; supported: 'default' (no scaling) and 'llama3'.")
+    raise _err(f"config.json rope_type={rope_type!r} (rope_parameters/rope_scaling) is not "
+               "supported; supported: 'default' (no scaling) and 'llama3'.")
 
 
 def config_from_hf(hf_config: dict | Any, *, dtype: Any = None,
@@ -98,42 +137,41 @@ def config_from_hf(hf_config: dict | Any, *, dtype: Any = None,
     elif hasattr(d, "to_dict"):
         d = d.to_dict()
     if not isinstance(d, dict):
-        raise ValueError(f"config_from_hf expects a config.json dict, got {type(hf_config)}.")
+        raise _err(f"config_from_hf expects a config.json dict, got {type(hf_config)}.")
     d = dict(d)
     arch = d.get("model_type")
     if arch is None:
         classes = d.get("architectures") or []
         arch = next((_ARCH_OF_CLASS[c] for c in classes if c in _ARCH_OF_CLASS), None)
         if arch is None:
-            raise ValueError(f"config.json has no model_type and architectures={classes!r} names "
-                             f"no supported class; supported: {sorted(_ARCH_OF_CLASS)}.")
+            raise _err(f"config.json has no model_type and architectures={classes!r} names "
+                       f"no supported class; supported: {sorted(_ARCH_OF_CLASS)}.")
     if arch not in _SUPPORTED:
-        raise ValueError(f"config.json model_type={arch!r} is not supported; supported model_type: "
-                         f"{list(_SUPPORTED)}.")
+        raise _err(f"config.json model_type={arch!r} is not supported; supported model_type: "
+                   f"{list(_SUPPORTED)}.")
     classes = d.get("architectures") or []
     if classes and not any(c in _ARCH_OF_CLASS for c in classes):
-        raise ValueError(f"config.json architectures={classes!r} is not supported; supported: "
-                         f"{sorted(_ARCH_OF_CLASS)} (causal LM heads only).")
+        raise _err(f"config.json architectures={classes!r} is not supported; supported: "
+                   f"{sorted(_ARCH_OF_CLASS)} (causal LM heads only).")
 
     missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers",
                            "num_attention_heads", "intermediate_size") if d.get(k) is None]
     if missing:
-        raise ValueError(f"config.json is missing required field(s) {missing}.")
+        raise _err(f"config.json is missing required field(s) {missing}.")
     act = d.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
-        raise ValueError(f"config.json hidden_act={act!r} is not supported; only 'silu' (SwiGLU).")
+        raise _err(f"config.json hidden_act={act!r} is not supported; only 'silu' (SwiGLU).")
     if d.get("mlp_bias"):
-        raise ValueError("config.json mlp_bias=true is not supported; only bias-free MLPs.")
+        raise _err("config.json mlp_bias=true is not supported; only bias-free MLPs.")
     if d.get("use_sliding_window"):
-        raise ValueError("config.json use_sliding_window=true is not supported; only full "
-                         "causal attention.")
+        raise _err("config.json use_sliding_window=true is not supported; only full "
+                   "causal attention.")
     layer_types = d.get("layer_types") or []
     if any(t != "full_attention" for t in layer_types):
-        raise ValueError(f"config.json layer_types={sorted(set(layer_types))} is not supported; "
-                         "only 'full_attention'.")
-    heads = int(d["num_attention_heads"])
-    hidden = int(d["hidden_size"])
-    head_dim = d.get("head_dim") or hidden // heads
+        raise _err(f"config.json layer_types={sorted(set(layer_types))} is not supported; "
+                   "only 'full_attention'.")
+    heads, hidden = _int(d, "num_attention_heads"), _int(d, "hidden_size")
+    head_dim = _int(d, "head_dim") or hidden // heads
     theta, scaling = _rope_from_hf(d)
     if arch == "qwen2":
         attention_bias, o_bias, qk_norm = True, False, False
@@ -145,17 +183,22 @@ def config_from_hf(hf_config: dict | Any, *, dtype: Any = None,
         moe_kw = _moe_from_hf(d)
     dt = jnp.dtype(dtype).name if dtype is not None else "float32"
     default_len = {"llama": 2048, "qwen2": 32768, "qwen3": 32768, "qwen3_moe": 32768}[arch]
-    return ModelConfig(
-        vocab_size=int(d["vocab_size"]), hidden_size=hidden,
-        num_layers=int(d["num_hidden_layers"]), num_heads=heads,
-        num_kv_heads=int(d.get("num_key_value_heads") or heads), head_dim=int(head_dim),
-        intermediate_size=int(d["intermediate_size"]), rope_theta=theta, rope_scaling=scaling,
-        rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-        attention_bias=attention_bias, o_bias=o_bias, qk_norm=qk_norm,
-        max_seq_len=int(d.get("max_position_embeddings") or default_len), arch=arch,
-        param_dtype=dt, dtype=jnp.dtype(compute_dtype).name if compute_dtype is not None else dt,
-        **moe_kw)
+    try:
+        return ModelConfig(
+            vocab_size=_int(d, "vocab_size"), hidden_size=hidden,
+            num_layers=_int(d, "num_hidden_layers"), num_heads=heads,
+            num_kv_heads=_int(d, "num_key_value_heads") or heads, head_dim=head_dim,
+            intermediate_size=_int(d, "intermediate_size"), rope_theta=theta,
+            rope_scaling=scaling, rms_norm_eps=_num(d, "rms_norm_eps", 1e-6),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            attention_bias=attention_bias, o_bias=o_bias, qk_norm=qk_norm,
+            max_seq_len=_int(d, "max_position_embeddings") or default_len, arch=arch,
+            param_dtype=dt,
+            dtype=jnp.dtype(compute_dtype).name if compute_dtype is not None else dt, **moe_kw)
+    except HFCheckpointError:
+        raise
+    except ValueError as e:   # ModelConfig's own checks (e.g. heads vs kv heads)
+        raise _err(f"config.json describes a model jaxrl_scale cannot build: {e}") from None
 
 
 def _moe_from_hf(d: dict) -> dict:
@@ -166,19 +209,18 @@ def _moe_from_hf(d: dict) -> dict:
         "num_experts_per_tok")), ("moe_intermediate_size", d.get("moe_intermediate_size")))
                if v is None]
     if missing:
-        raise ValueError(f"config.json (model_type 'qwen3_moe') is missing {missing}.")
-    step = int(d.get("decoder_sparse_step", 1) or 1)
+        raise _err(f"config.json (model_type 'qwen3_moe') is missing {missing}.")
+    step = _int(d, "decoder_sparse_step", 1, lowest=0) or 1
     dense_layers = list(d.get("mlp_only_layers") or [])
     if step != 1 or dense_layers:
-        raise ValueError(f"config.json decoder_sparse_step={step}, mlp_only_layers={dense_layers} "
-                         "is not supported; only every layer sparse (decoder_sparse_step=1, "
-                         "mlp_only_layers=[]), as in Qwen3-30B-A3B.")
-    if int(E) <= 0:
-        raise ValueError(f"config.json num_experts={E}: model_type 'qwen3_moe' needs experts.")
-    return dict(num_experts=int(E), num_experts_per_tok=int(d["num_experts_per_tok"]),
-                moe_intermediate_size=int(d["moe_intermediate_size"]),
+        raise _err(f"config.json decoder_sparse_step={step}, mlp_only_layers={dense_layers} "
+                   "is not supported; only every layer sparse (decoder_sparse_step=1, "
+                   "mlp_only_layers=[]), as in Qwen3-30B-A3B.")
+    return dict(num_experts=_int({"num_experts": E}, "num_experts"),
+                num_experts_per_tok=_int(d, "num_experts_per_tok"),
+                moe_intermediate_size=_int(d, "moe_intermediate_size"),
                 norm_topk_prob=bool(d.get("norm_topk_prob", False)),
-                router_aux_loss_coef=float(d.get("router_aux_loss_coef", 0.001)))
+                router_aux_loss_coef=_num(d, "router_aux_loss_coef", 0.001, positive=False))
 
 
 def _hf_arch(cfg: ModelConfig) -> str:
@@ -342,11 +384,19 @@ def _read_config_json(path) -> dict:
         path = os.path.join(path, "config.json")
     if not os.path.isfile(path):
         raise CheckpointNotFoundError(f"HF config not found: {path} does not exist.")
-    with open(path) as f:
-        try:
-            return json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON: {e}") from None
+    return _read_json_object(path)
+
+
+def _read_json_object(path: str) -> dict:
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        d = json.loads(raw)
+    except ValueError as e:   # JSONDecodeError, or bytes that are not UTF-8
+        raise _err(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(d, dict):
+        raise _err(f"{path} holds a JSON {type(d).__name__}, not an object.")
+    return d
 
 
 def _weight_map(path: str) -> dict[str, str]:
@@ -354,21 +404,87 @@ def _weight_map(path: str) -> dict[str, str]:
     index = os.path.join(path, INDEX_FILE)
     single = os.path.join(path, SINGLE_FILE)
     if os.path.isfile(index):
-        with open(index) as f:
-            wm = json.load(f).get("weight_map")
-        if not isinstance(wm, dict):
-            raise ValueError(f"{index} has no 'weight_map' dict.")
+        wm = _read_json_object(index).get("weight_map")
+        if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+            raise _err(f"{index} has no 'weight_map' dict of tensor name -> file name.")
         for fname in sorted(set(wm.values())):
             if not os.path.isfile(os.path.join(path, fname)):
                 raise CheckpointNotFoundError(
                         f"shard {fname!r} listed in {index} does not exist.")
         return {k: os.path.join(path, v) for k, v in wm.items()}
     if os.path.isfile(single):
-        with safe_open(single, framework="np") as f:
-            return {k: single for k in f.keys()}
+        return {k: single for k in safetensors_header(single)}
     raise CheckpointNotFoundError(
             f"no weights in {path}: expected {SINGLE_FILE} or {INDEX_FILE} (only safetensors "
             "checkpoints are supported).")
+
+
+# bytes per element of the safetensors dtypes this loader reads; the format's others
+_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
+                "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4,
+                "I64": 8, "U64": 8, "F64": 8}
+_DTYPES_NOT_READ = ("F4", "F6_E2M3", "F6_E3M2", "C64")
+_HEADER_MAX = 100 * 2 ** 20   # safetensors' own limit on the header's JSON
+
+
+def safetensors_header(fname: str) -> dict[str, dict]:
+    """{tensor name: {"dtype", "shape", "data_offsets"}} of a safetensors file, read and checked
+    without the library: the 8-byte header length, the header's JSON, and every tensor's byte
+    span against its shape and dtype, the spans tiling the data exactly to the end of the file.
+    A truncated or corrupt file is an HFCheckpointError naming it, before any tensor is read
+    (so nothing of it is used)."""
+    size = os.path.getsize(fname)
+
+    def bad(why: str) -> HFCheckpointError:
+        return _err(f"{fname} is truncated or corrupt: {why}.")
+
+    with open(fname, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise bad(f"{size} bytes, less than the 8-byte header length")
+        n = int.from_bytes(head, "little")
+        if n > min(size - 8, _HEADER_MAX):
+            raise bad(f"the header length field says {n} bytes, " + (
+                f"the file has {size - 8} after it" if n > size - 8 else
+                f"over the format's {_HEADER_MAX >> 20} MiB limit"))
+        raw = f.read(n)
+    try:
+        header = json.loads(raw)
+    except ValueError as e:
+        raise bad(f"its header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise bad(f"its header is a JSON {type(header).__name__}, not an object")
+    header.pop("__metadata__", None)
+    spans = []
+    for name, t in header.items():
+        try:
+            dtype, shape, (begin, end) = t["dtype"], list(t["shape"]), t["data_offsets"]
+            ok = isinstance(dtype, str) and begin <= end and all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                for x in (*shape, begin, end))
+        except (TypeError, KeyError, ValueError):
+            ok = False
+        if not ok:
+            raise bad(f"tensor {name!r} has a malformed header entry {str(t)[:120]}")
+        if dtype in _DTYPES_NOT_READ:
+            raise _err(f"{fname}: tensor {name!r} has dtype {dtype}, which this loader does "
+                       f"not read (it reads {', '.join(_DTYPE_BYTES)}).")
+        if dtype not in _DTYPE_BYTES:
+            raise bad(f"tensor {name!r} has dtype {dtype[:20]!r}, which safetensors does not "
+                      "define")
+        if end - begin != math.prod(shape) * _DTYPE_BYTES[dtype]:
+            raise bad(f"tensor {name!r} ({dtype} {shape}) spans {end - begin} bytes, its shape "
+                      f"needs {math.prod(shape) * _DTYPE_BYTES[dtype]}")
+        spans.append((begin, end, name))
+    at = 0
+    for begin, end, name in sorted(spans):
+        if begin != at:
+            raise bad(f"tensor {name!r}'s data starts at byte {begin} of the data, expected {at}")
+        at = end
+    if 8 + n + at != size:
+        raise bad(f"the header describes {at} bytes of tensor data, the file holds "
+                  f"{size - 8 - n}")
+    return header
 
 
 def _header_shapes(weight_map: dict[str, str]) -> dict[str, tuple[int, ...]]:
@@ -377,26 +493,17 @@ def _header_shapes(weight_map: dict[str, str]) -> dict[str, tuple[int, ...]]:
     for name, fname in weight_map.items():
         by_file.setdefault(fname, []).append(name)
     for fname, names in by_file.items():
-        with safe_open(fname, framework="np") as f:
-            keys = set(f.keys())
-            for name in names:
-                if name not in keys:
-                    raise ValueError(f"tensor {name!r} is listed in the index for "
-                                     f"{os.path.basename(fname)} but that file does not hold it.")
-                shapes[name] = tuple(f.get_slice(name).get_shape())
+        header = safetensors_header(fname)
+        for name in names:
+            if name not in header:
+                raise _err(f"tensor {name!r} is listed in the index for "
+                           f"{os.path.basename(fname)} but that file does not hold it.")
+            shapes[name] = tuple(header[name]["shape"])
     return shapes
 
 
-def load_hf(path, *, dtype: Any = None, compute_dtype: Any = None
-            ) -> tuple[ModelConfig, Params]:
-    """Load an HF checkpoint directory -> (ModelConfig, params).
-
-    Reads config.json and model.safetensors or a sharded model.safetensors.index.json. `dtype`
-    (default float32) is the param dtype, `compute_dtype` (default `dtype`) the matmuls'.
-    Raises ValueError naming the problem (unsupported architecture, missing / unexpected
-    tensor, wrong shape, missing file) before reading any tensor data.
-    """
-    path = os.fspath(path)
+def _checked(path: str, dtype: Any, compute_dtype: Any):
+    """(ModelConfig, weight map, tensor spec): every check of `check_hf`."""
     if not os.path.isdir(path):
         raise CheckpointNotFoundError(f"HF checkpoint directory {path} does not exist.")
     cfg = config_from_hf(_read_config_json(path), dtype=dtype, compute_dtype=compute_dtype)
@@ -412,27 +519,53 @@ def load_hf(path, *, dtype: Any = None, compute_dtype: Any = None
             if n not in shapes:
                 where = (os.path.join(path, INDEX_FILE) if os.path.isfile(
                     os.path.join(path, INDEX_FILE)) else os.path.join(path, SINGLE_FILE))
-                raise ValueError(f"tensor {n!r} is missing from {where} (needed by "
-                                 f"model_type={cfg.arch!r}).")
+                raise _err(f"tensor {n!r} is missing from {where} (needed by "
+                           f"model_type={cfg.arch!r}).")
             if shapes[n] != shape:
-                raise ValueError(f"tensor {n!r} in {os.path.basename(weight_map[n])} has shape "
-                                 f"{list(shapes[n])}, expected {list(shape)} from config.json.")
+                raise _err(f"tensor {n!r} in {os.path.basename(weight_map[n])} has shape "
+                           f"{list(shapes[n])}, expected {list(shape)} from config.json.")
     allowed = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
     extra = sorted(n for n in shapes if n not in expected and n not in allowed
                    and not n.endswith("rotary_emb.inv_freq"))
     if extra:
         more = f" (+{len(extra) - 5} more)" if len(extra) > 5 else ""
-        raise ValueError(f"unexpected tensors in {path} for model_type={cfg.arch!r}: "
-                         f"{extra[:5]}{more}; is config.json right for these weights?")
+        raise _err(f"unexpected tensors in {path} for model_type={cfg.arch!r}: "
+                   f"{extra[:5]}{more}; is config.json right for these weights?")
+    return cfg, weight_map, spec
+
+
+def check_hf(path, *, dtype: Any = None, compute_dtype: Any = None) -> ModelConfig:
+    """The ModelConfig of the HF checkpoint directory `path` after every check `load_hf` makes
+    before it reads tensor data: config.json (architecture, field types), each safetensors
+    file's header against the file's size, the tensor names and shapes against config.json.
+    Reads config.json and the headers only (cheap at any model size); HFCheckpointError
+    naming the file otherwise."""
+    return _checked(os.fspath(path), dtype, compute_dtype)[0]
+
+
+def load_hf(path, *, dtype: Any = None, compute_dtype: Any = None
+            ) -> tuple[ModelConfig, Params]:
+    """Load an HF checkpoint directory -> (ModelConfig, params).
+
+    Reads config.json and model.safetensors or a sharded model.safetensors.index.json. `dtype`
+    (default float32) is the param dtype, `compute_dtype` (default `dtype`) the matmuls'.
+    Raises HFCheckpointError (a ValueError) naming the problem (unsupported architecture,
+    a config.json field of the wrong type, missing / unexpected tensor, wrong shape, missing,
+    truncated or corrupt file) before reading any tensor data (`check_hf`).
+    """
+    cfg, weight_map, spec = _checked(os.fspath(path), dtype, compute_dtype)
 
     np_dt = np.dtype(jnp.dtype(cfg.param_dtype))
     handles: dict[str, Any] = {}
 
     def get(name):
         fname = weight_map[name]
-        if fname not in handles:
-            handles[fname] = safe_open(fname, framework="np")
-        return handles[fname].get_tensor(name)
+        try:   # the headers are checked: only a file changed since then fails here
+            if fname not in handles:
+                handles[fname] = safe_open(fname, framework="np")
+            return handles[fname].get_tensor(name)
+        except SafetensorError as e:
+            raise _err(f"{fname}: cannot read tensor {name!r} ({e}).") from None
 
     ours = param_shapes(cfg)
     params: Params = {"layers": {}}

@@ -156,6 +156,30 @@ def _read_json(path: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+_TOKENIZER_MODELS = ("BPE", "WordPiece", "WordLevel", "Unigram")   # the `tokenizers` models
+
+
+def _not_a_tokenizer(file: str) -> str | None:
+    """Why `file` (which the tokenizers library refused) is not a tokenizer.json, in words;
+    None when it looks like one (the library's own message then says what is wrong)."""
+    try:
+        with open(file, "rb") as f:
+            d = json.loads(f.read())
+    except ValueError as e:   # JSONDecodeError, or bytes that are not UTF-8
+        return f"not valid JSON ({e})"
+    if not isinstance(d, dict):
+        return f"it holds a JSON {type(d).__name__}, not a tokenizer object"
+    model = d.get("model")
+    if not isinstance(model, dict):
+        return ('it has no "model" object, so it is not a Hugging Face tokenizers file (a '
+                'config.json or tokenizer_config.json under that name?)')
+    kind = model.get("type")
+    if kind is not None and kind not in _TOKENIZER_MODELS:
+        return (f"its model type {str(kind)[:40]!r} is none of the tokenizers library's "
+                f"{', '.join(_TOKENIZER_MODELS)}")
+    return None
+
+
 def _token_content(tok: Any) -> str | None:
     """tokenizer_config.json stores special tokens as a string or as {"content": ...}."""
     if isinstance(tok, str):
@@ -209,7 +233,8 @@ class HFTokenizer(Tokenizer):
         try:
             self._tok = tokenizers.Tokenizer.from_file(file)
         except Exception as e:  # the tokenizers library raises a bare Exception
-            raise ValueError(f"HFTokenizer: cannot read {file}: {e}") from None
+            why = _not_a_tokenizer(file) or " ".join(str(e).split())
+            raise ValueError(f"HFTokenizer: {file} is not a usable tokenizer.json: {why}") from None
         tok_cfg = _read_json(os.path.join(directory, "tokenizer_config.json"))
         gen_cfg = _read_json(os.path.join(directory, "generation_config.json"))
         model_cfg = _read_json(os.path.join(directory, "config.json"))
