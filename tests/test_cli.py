@@ -79,7 +79,7 @@ SWEEP_ROWS = [
     ("--target_fraction=1.2", "target_fraction"), ("--target_fraction=0", "target_fraction"),
     ("--timing_blocks=1", "timing_blocks"), ("--timing_tolerance=0", "timing_tolerance"),
     ("--timing_blocks=6 --timing_max_blocks=4", "timing_max_blocks"),
-    ("--warmstart_seed=-1", "warmstart_seed"),
+    ("--warmstart_seed=-1", "warmstart_seed"), ("--max_prompt_len=3", "max_prompt_len"),
     ("--prompts=8,16 --base_prompts=16 --fixed_prompts=", "REACHED"),   # a good grid runs
 ]
 SFT_ROWS = [

@@ -40,6 +40,7 @@ from jaxrl_scale.cli import (flagdefs, one_line_errors, print_summary, quiet_log
 from jaxrl_scale.experiment.errors import ConfigError
 from jaxrl_scale.experiment.rundir import prepare_run_dir
 from jaxrl_scale.experiment.config import TrainConfig
+from jaxrl_scale.experiment.train import load_inputs
 from jaxrl_scale.experiment.sft import SFTConfig, sft_config_for, sft_path, sft_warmstart
 from jaxrl_scale.experiment.sweep import (EXIT_RUNS_FAILED, STUDIES, SweepConfig, all_runs,
                                           check_run_index, exact_eval_where_possible,
@@ -135,6 +136,8 @@ def main(argv):
         if FLAGS.warmstart and not (base.init_checkpoint or base.hf_checkpoint):
             sft = sft_config_for(base, FLAGS.warmstart_accuracy, FLAGS.warmstart_seed)
         validate_sweep(sweep, base, base.replace(init_checkpoint=sft_path(sft)) if sft else None)
+        if not FLAGS.list_runs:   # tokenizer, data and prompts: before the warm-start trains
+            load_inputs(base, sync_name="check_inputs")
         if FLAGS.run_index is not None:
             check_run_index(sweep, base, FLAGS.run_index)
         if not FLAGS.list_runs:   # writable before the warm-start and the first run
