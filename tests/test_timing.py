@@ -255,6 +255,7 @@ def test_time_blocks_rebuild_each_block_and_record_the_stopping_rule(tmp_path, d
     for e in out["entries"]:
         assert e["block"] == [0, 0, 1, 1] and len(e["step_s"]) == 4
         assert len(e["compile_s"]) == 2          # built (and compiled) once per block
+        assert len(e["load_1min"]) == 2 and e["cpus"] >= 1   # the machine's load per block
     e8, e16 = out["entries"]
     assert pass_ratio(e16, e8).unit == "block" and pass_ratio(e16, e8).units.size == 2
     assert list(half_widths(out["entries"], 8, 0.9)) == [16]

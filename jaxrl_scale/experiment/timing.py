@@ -106,7 +106,8 @@ def time_blocks(base: TrainConfig, batches: Sequence[int], reference_batch: int,
     `min_blocks` blocks, stop as soon as every batch's `level` interval of log r_q against
     `reference_batch` has half-width <= `tolerance` (scaling.drift.half_widths), else at
     `max_blocks`. Returns {"entries": per batch, every step list with a "block" list beside
-    it; "blocks", "stopping": {rule, half_widths after each block, stopped}}."""
+    it, and the 1-minute load average after each block ("load_1min") beside "cpus"; "blocks",
+    "stopping": {rule, half_widths after each block, stopped}}."""
     from jaxrl_scale.scaling.drift import half_widths
     if not 2 <= min_blocks <= max_blocks:
         raise ValueError(f"time_blocks: need 2 <= min_blocks={min_blocks} <= "
@@ -125,6 +126,10 @@ def time_blocks(base: TrainConfig, batches: Sequence[int], reference_batch: int,
                     e[k] = e[k] + o[k]
                 e["block"] += [b] * len(o["step_s"])
                 e["compile_s"].append(o["compile_s"])
+        load = os.getloadavg()[0]   # the machine's load over the block's last minute
+        for e in entries:
+            e["load_1min"] = e.get("load_1min", []) + [load]
+            e["cpus"] = os.cpu_count()
         hw = half_widths(entries, reference_batch, level)
         history.append({str(k): v for k, v in hw.items()})
         if b + 1 >= min_blocks and all(v <= tolerance for v in hw.values()):

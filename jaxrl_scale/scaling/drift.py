@@ -183,11 +183,35 @@ def interleaved_r_q(timing: Sequence[dict] | None, configs: dict, refs: Mapping,
         else:
             note += ("; r_q's interval is between blocks (each a fresh build at a later "
                      "time), so it includes the spread between passes")
+    load = pass_load(timing)
+    if offsets and load and load["loaded"]:
+        note += (f"; CAUTION: the machine was loaded during the pass (1-minute load average "
+                 f"{load['median']:.1f} on {load['cpus']} cores, median over blocks): r_q then "
+                 "measures a shared machine, and moves with what else runs (results/"
+                 "timing_passes); time it on a machine of its own")
     return {"controlled": bool(offsets),
             "r_q_source": "interleaved timing pass" if offsets else "in-run step times",
             "note": note, "unit": sorted(units)[0] if len(units) == 1 else None,
+            "load": load,
             "max_disagreement": math.exp(max(dis)) if dis else None,
             "configs": out}, offsets
+
+
+LOADED = 1.5   # load average per core above which the pass shared its machine
+
+
+def pass_load(timing: Sequence[dict]) -> dict | None:
+    """{"median", "max", "cpus", "loaded"} of the pass's 1-minute load averages (recorded
+    after each block by `experiment.timing.time_blocks`); None for a pass without them. The
+    pass itself keeps the cores busy (about one per core), so "loaded" means more than
+    LOADED x cores: another job shared the machine."""
+    e = next((x for x in timing if x.get("load_1min")), None)
+    if e is None or not e.get("cpus"):
+        return None
+    x = np.asarray(e["load_1min"], float)
+    med = float(np.median(x))
+    return {"median": med, "max": float(x.max()), "cpus": int(e["cpus"]),
+            "loaded": bool(med > LOADED * e["cpus"])}
 
 
 def disagreements(drift: dict, in_run: Mapping[str, dict], offsets: Mapping[str, PassRatio],
