@@ -1,0 +1,79 @@
+"""Every recorded study in results/ re-analyses to the summary.json it holds, number for number.
+
+A study directory holds its runs' logs (logs/), the analysis command (the last
+``experiments/analyze.py`` line of command.txt) and the summary.json that command wrote. This
+guards refactors of scaling/ (issue 39: the same numbers before and after) and shows that a
+record can be reproduced from its logs alone.
+"""
+
+import glob
+import json
+import math
+import os
+import re
+import shlex
+
+import pytest
+
+from jaxrl_scale.numbers import to_jsonable
+from jaxrl_scale.scaling import analysis
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _studies() -> list[str]:
+    return sorted(os.path.dirname(p) for p in glob.glob(os.path.join(ROOT, "results", "*",
+                                                                       "command.txt"))
+                  if os.path.isdir(os.path.join(os.path.dirname(p), "logs"))
+                  and os.path.isfile(os.path.join(os.path.dirname(p), "summary.json")))
+
+
+def analyze_flags(command_txt: str) -> dict:
+    """The flags of the last `experiments/analyze.py` command in a command.txt (lines joined
+    at a trailing backslash, comments skipped)."""
+    text = re.sub(r"\\\n\s*", " ", open(command_txt).read())
+    lines = [ln for ln in text.splitlines()
+             if ln.strip().startswith("python experiments/analyze.py")]
+    if not lines:
+        raise AssertionError(f"{command_txt}: no `python experiments/analyze.py` line")
+    flags = {}
+    for arg in shlex.split(lines[-1])[2:]:
+        k, _, v = arg.lstrip("-").partition("=")
+        flags[k] = v
+    return flags
+
+
+def _same(a, b, where="summary") -> list[str]:
+    """Paths at which two JSON values differ (floats compared exactly, NaN equal to NaN)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = [f"{where}.{k}: only in one" for k in sorted(set(a) ^ set(b))]
+        for k in sorted(set(a) & set(b)):
+            out += _same(a[k], b[k], f"{where}.{k}")
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{where}: length {len(a)} vs {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _same(x, y, f"{where}[{i}]")]
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return []
+    return [] if a == b and type(a) is type(b) else [f"{where}: {a!r} vs {b!r}"]
+
+
+STUDIES = _studies()
+
+
+def test_results_hold_recorded_studies():
+    assert len(STUDIES) >= 3, STUDIES   # sweep_default, sweep_replicate, study_full
+
+
+@pytest.mark.parametrize("study", STUDIES, ids=os.path.basename)
+def test_recorded_study_reanalyses_to_its_summary(study, monkeypatch):
+    flags = analyze_flags(os.path.join(study, "command.txt"))
+    monkeypatch.chdir(ROOT)   # sweep_dir is recorded relative to the repository root
+    kw = {"target_fraction": float(flags["target_fraction"])} if "target_fraction" in flags \
+        else {}
+    got = json.loads(json.dumps(to_jsonable(analysis.analyze_sweep(flags["sweep_dir"], **kw))))
+    with open(os.path.join(study, "summary.json")) as f:
+        want = json.load(f)
+    diffs = _same(got, want)
+    assert not diffs, f"{len(diffs)} differences, first: {diffs[:10]}"
