@@ -6,17 +6,18 @@ import pytest
 
 from jaxrl_scale.scaling import findings
 from jaxrl_scale.scaling.findings import Finding
+from jaxrl_scale.scaling.summary import ConfigStats
 
 B0 = 128
 
 
 def _cfg(batch, *, G=8, rule="sqrt", verdict="indistinguishable", t=1.0, t_ci=(0.9, 1.1),
          r_n=1.0, r_n_ci=(0.9, 1.1), r_q=1.0, ref=False, reached=True):
-    return {"algo": "grpo", "batch": batch, "group_size": G, "lr_rule": rule,
+    return ConfigStats.from_json({"algo": "grpo", "batch": batch, "group_size": G, "lr_rule": rule,
             "gen_batch_ratio": 1, "reached": reached, "is_reference": ref,
             "N_star": 1000.0 * r_n, "r_N": r_n, "r_N_ci": list(r_n_ci), "r_q": r_q,
             "r_q_ci": [r_q * 0.95, r_q * 1.05], "T_over_T0": t, "T_over_T0_ci": list(t_ci),
-            "verdict": "reference" if ref else verdict}
+            "verdict": "reference" if ref else verdict})
 
 
 def _reps(ratio_lo, ratio_hi, n=400, seed=0):
@@ -28,7 +29,7 @@ def _reps(ratio_lo, ratio_hi, n=400, seed=0):
 def _find(configs, creps=None, fid="larger_batch_faster"):
     info = {"reference_config": "ref", "reference_reached": True, "grad_norm": {},
             "critical_generation_batch": {}}
-    creps = creps or {g: {"N": np.full(400, st["N_star"])} for g, st in configs.items()}
+    creps = creps or {g: {"N": np.full(400, st.N_star)} for g, st in configs.items()}
     fs = findings.source_findings({"grpo": info}, configs, creps, 0.9, 0.25, "grpo", {})
     return findings.by_id(fs, fid, "grpo")
 
@@ -90,9 +91,9 @@ def test_finding_round_trips_through_json():
 
 def test_critical_training_batch_is_defined_above_b0():
     from jaxrl_scale.scaling.analysis import critical_training_batch
-    ref = {"algo": "grpo", "lr_rule": "sqrt", "batch": B0, "N_star": 1000.0,
-           "N_star_ci": [900.0, 1100.0]}
-    configs = {"ref": {**_cfg(B0, ref=True), "r_N_ci": [1.0, 1.0]},
+    ref = ConfigStats(algo="grpo", lr_rule="sqrt", batch=B0, gen_batch_ratio=1, N_star=1000.0,
+                      N_star_ci=[900.0, 1100.0])
+    configs = {"ref": _cfg(B0, ref=True, r_n_ci=(1.0, 1.0)),
                "s256": _cfg(256, r_n_ci=(1.4, 1.9), r_n=1.6)}
     ctb = critical_training_batch(configs, ref, 0.25)
     assert ctb["batch"] is None and ctb["cost_detected_at"] == 256

@@ -77,3 +77,40 @@ def test_recorded_study_reanalyses_to_its_summary(study, monkeypatch):
         want = json.load(f)
     diffs = _same(got, want)
     assert not diffs, f"{len(diffs)} differences, first: {diffs[:10]}"
+
+
+def _summaries() -> list[str]:
+    """The summaries of the recorded studies (re-analysed, the runs' own and the reruns'):
+    older records elsewhere in results/ predate fields that from_json renames."""
+    return sorted(p for s in STUDIES for p in glob.glob(os.path.join(s, "**", "summary.json"),
+                                                        recursive=True))
+
+
+@pytest.mark.parametrize("path", _summaries(), ids=lambda p: os.path.relpath(p, ROOT))
+def test_typed_summary_round_trips_recorded_summaries(path):
+    """summary.json -> Summary (typed ratios, each with its source) -> summary.json: the same
+    keys and numbers, for every recorded summary (the studies' re-analyses and the runs' own)."""
+    from jaxrl_scale.scaling.summary import Summary
+    with open(path) as f:
+        want = json.load(f)
+    got = json.loads(json.dumps(to_jsonable(Summary.from_json(want).to_json())))
+    derived = {"summary_path", "report_path", "errors", "lr_tune"}   # beside the summary
+    diffs = _same(got, {k: v for k, v in want.items() if k not in derived})
+    assert not diffs, f"{len(diffs)} differences, first: {diffs[:10]}"
+
+
+def test_headline_ratios_name_their_source():
+    """r_q from the timing pass where it ran, the in-run estimate kept beside it; T/T0 = r_N /
+    r_q in every row of the recorded default study (the pass's r_q is the one T/T0 used)."""
+    from jaxrl_scale.scaling.summary import Summary
+    from jaxrl_scale.scaling.values import BOOTSTRAP, TIMING_PASS
+    with open(os.path.join(ROOT, "results", "sweep_default", "summary.json")) as f:
+        s = Summary.from_json(json.load(f))
+    tested = [st for st in s.configs.values() if not st.is_reference]
+    assert tested
+    for st in tested:
+        r = st.ratios
+        assert r.headline("r_q").source == TIMING_PASS and r.in_run("r_q").is_t
+        assert r.headline("r_N").is_t and r.boot["r_N"].source == BOOTSTRAP
+        assert st.r_q == r.r_q_pass.value and st.r_q_in_run == r.in_run("r_q").value
+        assert abs(st.T_over_T0 - st.r_N / st.r_q) <= 1e-9 * st.T_over_T0

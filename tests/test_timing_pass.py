@@ -124,14 +124,14 @@ def test_fastest_set_uses_the_same_r_q_as_the_verdicts():
     t = {"A": [2.0, 2.02, 1.98, 2.01, 1.99, 2.0], "B": [1.0, 1.01, 0.99, 1.0, 1.02, 0.98]}
     configs, per_run, offsets = _two_configs(t, {"B": [0.01, -0.01, 0.005, -0.005]})
     fw = familywise.sweep_tests(configs, per_run, {}, {"grpo": "A"}, 0.9, offsets=offsets)
-    assert fw["configs"]["B"]["verdict"] == "indistinguishable"
+    assert fw["configs"]["B"].verdict == "indistinguishable"
     assert sorted(fw["best_sets"]["grpo"]) == ["A", "B"]
     no = familywise.sweep_tests(configs, per_run, {}, {"grpo": "A"}, 0.9)
     assert no["best_sets"]["grpo"] == ["B"]
     # and where the pass shows B faster by a clear margin, B alone
     configs, per_run, offsets = _two_configs(t, {"B": [0.7, 0.71, 0.69, 0.7]})
     fw = familywise.sweep_tests(configs, per_run, {}, {"grpo": "A"}, 0.9, offsets=offsets)
-    assert fw["best_sets"]["grpo"] == ["B"] and fw["configs"]["B"]["verdict"] == "faster"
+    assert fw["best_sets"]["grpo"] == ["B"] and fw["configs"]["B"].verdict == "faster"
 
 
 def test_in_run_and_pass_disagreement_is_named():
@@ -140,9 +140,11 @@ def test_in_run_and_pass_disagreement_is_named():
                "C": drift.PassRatio(np.log([0.9, 0.89, 0.91, 0.9]), "block")}
     in_run = {"B": {"log_ratio": math.log(0.9), "se": 0.005, "df": 44},
               "C": {"log_ratio": math.log(0.9), "se": 0.005, "df": 44}}
-    assert drift.disagreements(d, in_run, offsets, 0.9) == ["B"]
-    assert d["configs"]["B"]["in_run_vs_pass_disagree"] and \
-        not d["configs"]["C"]["in_run_vs_pass_disagree"]
+    out = drift.with_disagreements(d, in_run, offsets, 0.9)
+    assert out["disagree"] == ["B"]
+    assert out["configs"]["B"]["in_run_vs_pass_disagree"] and \
+        not out["configs"]["C"]["in_run_vs_pass_disagree"]
+    assert d == {"configs": {"B": {}, "C": {}}}   # a new record: the input is not edited
 
 
 def test_rerun_agreement_is_the_power_at_the_estimate():

@@ -18,6 +18,7 @@ Pure numpy: it never imports JAX.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import math
 import os
@@ -41,6 +42,7 @@ from jaxrl_scale.scaling.references import (AnalysisError, _group_size, _primary
                                             resolve_reference, resolve_references)
 from jaxrl_scale.scaling.rollout_compare import invariance, partial_rollout, rollout_means
 from jaxrl_scale.scaling.summary import AlgoSummary, ConfigStats, RunStats, Summary
+from jaxrl_scale.scaling.values import BOOTSTRAP, NAMES, ConfigRatios, Ratio
 from jaxrl_scale.scaling.verdicts import VERDICTS  # noqa: F401
 from jaxrl_scale.scaling.verdicts import interval as _ci
 from jaxrl_scale.scaling.verdicts import verdict as _verdict
@@ -227,9 +229,11 @@ def _config_reps(names: list[str], reps: dict, rng) -> tuple[np.ndarray, np.ndar
 
 
 def config_stats(groups: dict[str, list[Run]], per_run: dict, reps: dict, refs: dict,
-                 rng, level: float) -> tuple[dict, dict]:
-    """Per config: seeds, N*, q, r_N, r_q, T/T0 with intervals and a verdict."""
-    out, creps = {}, {}
+                 rng, level: float) -> tuple[dict, dict, dict]:
+    """Per config: (seeds, N*, q with intervals and the bootstrap verdict; the bootstrap
+    replicates; {config: {"r_N", "r_q", "T_over_T0": `values.Ratio`}} from the seed
+    bootstrap against the config's reference)."""
+    out, creps, boot = {}, {}, {}
     for g, rs in groups.items():
         names = [r.name for r in rs]
         xs = [per_run[n] for n in names]
@@ -268,9 +272,8 @@ def config_stats(groups: dict[str, list[Run]], per_run: dict, reps: dict, refs: 
             st["reference"] = ref_name
             st["is_reference"] = g == ref_name or (g == rg and len(ref_runs) == len(st["runs"]))
             if not ref_ok:
-                st.update(r_N=None, r_q=None, T_over_T0=None, r_N_ci=[None, None],
-                          r_q_ci=[None, None], T_over_T0_ci=[None, None],
-                          verdict="not reached")
+                boot[g] = {k: Ratio(None, [None, None], BOOTSTRAP) for k in NAMES}
+                st["verdict"] = "not reached"
                 continue
             cr = creps[g]
             same = st["is_reference"]
@@ -279,31 +282,54 @@ def config_stats(groups: dict[str, list[Run]], per_run: dict, reps: dict, refs: 
             tt_b = stats.ratio(rn_b, rq_b)
             r_n = st["N_star"] / rst["N_star"] if st["reached"] and rst["N_star"] else None
             r_q = st["q"] / rst["q"] if is_number(st["q"]) and rst["q"] else None
-            st.update(r_N=or_none(r_n), r_q=or_none(r_q),
-                      T_over_T0=or_none(r_n / r_q) if is_number(r_n) and is_number(r_q) else None,
-                      r_N_ci=_ci(rn_b, level), r_q_ci=_ci(rq_b, level),
-                      T_over_T0_ci=_ci(tt_b, level))
-            st["verdict"] = _verdict(st["reached"], st["T_over_T0_ci"])
+            boot[g] = {"r_N": Ratio(or_none(r_n), _ci(rn_b, level), BOOTSTRAP),
+                       "r_q": Ratio(or_none(r_q), _ci(rq_b, level), BOOTSTRAP),
+                       "T_over_T0": Ratio(or_none(r_n / r_q) if is_number(r_n) and is_number(
+                           r_q) else None, _ci(tt_b, level), BOOTSTRAP)}
+            st["verdict"] = _verdict(st["reached"], boot[g]["T_over_T0"].ci)
             if st["batch"] and rst.get("batch"):
                 st["updates_ratio"] = or_none(r_n * rst["batch"] / st["batch"]) if is_number(
                     r_n) else None
             creps[g]["r_N"] = rn_b
-    return out, creps
+    return out, creps, boot
 
 
-def critical_training_batch(configs: dict, ref: dict, tolerance: float) -> dict:
+def compose_configs(configs: dict, boot: dict, tests: dict, passes: dict
+                    ) -> dict[str, ConfigStats]:
+    """Each config's ConfigStats, built once from the stages' own values: its seed statistics
+    and bootstrap verdict (`config_stats`), its bootstrap ratios (``boot``), its family-wise
+    test (``tests``: `values.FamilyTest`; its verdict is the config's, the bootstrap one
+    stays as verdict_per_config) and the timing pass's r_q (``passes``: `values.Ratio`)."""
+    out = {}
+    for g, st in configs.items():
+        f = tests.get(g)
+        extra = {**f.fields(), "verdict_per_config": st.get("verdict")} if f else {}
+        out[g] = ConfigStats(**{**st, **extra}, ratios=ConfigRatios(
+            boot=boot.get(g, {}), t=f.ratios if f else {}, r_q_pass=passes.get(g)))
+    return out
+
+
+def single_run_reference(x: dict, run: Run) -> ConfigStats:
+    """The reference as a ConfigStats when it is a single run, not a config."""
+    return ConfigStats(algo=run.algo, lr_rule=run.lr_rule, batch=run.batch,
+                       gen_batch_ratio=x.get("gen_batch_ratio"), reached=x["reached"],
+                       N_star=x["N_star"], N_star_ci=x.get("N_star_ci"))
+
+
+def critical_training_batch(configs: dict[str, ConfigStats], ref: ConfigStats,
+                            tolerance: float) -> dict:
     """Largest B above the reference's B0 such that every measured B0 < B' <= B (reference's
     algo and lr rule) has the upper end of r_N's interval <= 1 + tolerance (None when the
     first batch above B0 fails: B0 itself passes by construction, r_N = 1, and says nothing);
     and the smallest B > B0 where a sample cost is detected (lower end > 1 + tolerance, or the
     target not reached within a budget that already exceeds (1 + tolerance) x N0*). Configs
     with the reference's gen_batch_ratio."""
-    algo, rule, k = ref["algo"], ref["lr_rule"], ref.get("gen_batch_ratio", 1)
+    algo, rule, k = ref.algo, ref.lr_rule, ref.gen_batch_ratio
     # The reference's rollout only: partial rollout changes learning per response (stale
     # tokens), and is compared with its synchronous twin in `partial_rollout` instead.
-    pts = sorted(((st["batch"], g, st) for g, st in configs.items()
-                  if st["algo"] == algo and st["lr_rule"] == rule and st["batch"]
-                  and st.get("gen_batch_ratio", 1) == k),
+    pts = sorted(((st.batch, g, st) for g, st in configs.items()
+                  if st.algo == algo and st.lr_rule == rule and st.batch
+                  and st.gen_batch_ratio == k),
                  key=lambda p: (p[0], p[1]))
     by_b: dict[float, list] = collections.defaultdict(list)
     for b, g, st in pts:
@@ -311,37 +337,36 @@ def critical_training_batch(configs: dict, ref: dict, tolerance: float) -> dict:
     ok_upto, detected = None, None
     lim = 1 + tolerance
     chain = True
-    b0 = ref.get("batch") or 0
+    b0 = ref.batch or 0
     for b in sorted(by_b):
         if b <= b0:
             continue
         oks = []
         for g, st in by_b[b]:
-            hi = st.get("r_N_ci", [None, None])[1]
-            oks.append(bool(st["reached"] and hi is not None and hi <= lim))
-            lo = st.get("r_N_ci", [None, None])[0]
-            if detected is None and st["reached"] and lo is not None and lo > lim:
+            lo, hi = st.r_N_ci or [None, None]
+            oks.append(bool(st.reached and hi is not None and hi <= lim))
+            if detected is None and st.reached and lo is not None and lo > lim:
                 detected = b
-            if (detected is None and not st["reached"] and ref.get("N_star")
-                    and st.get("responses_min", 0) > lim * ref["N_star_ci"][1]):
+            if (detected is None and not st.reached and ref.N_star
+                    and (st.responses_min or 0) > lim * ref.N_star_ci[1]):
                 detected = b
         chain = chain and all(oks)
         if chain:
             ok_upto = b
     return {"batch": ok_upto, "cost_detected_at": detected, "tolerance": tolerance,
             "lr_rule": rule, "algo": algo, "above_batch": b0 or None,
-            "points": [{"config": g, "batch": b, "r_N": st.get("r_N"),
-                        "r_N_ci": st.get("r_N_ci"), "reached": st["reached"]}
+            "points": [{"config": g, "batch": b, "r_N": st.r_N,
+                        "r_N_ci": st.r_N_ci, "reached": st.reached}
                        for b, g, st in pts]}
 
 
-def grad_norm_slopes(runs: Sequence[Run], configs: dict, ref: dict, n_boot: int, rng,
-                     level: float, flat_slope: float) -> dict:
+def grad_norm_slopes(runs: Sequence[Run], ref: ConfigStats, n_boot: int, rng, level: float,
+                     flat_slope: float) -> dict:
     """log-log slope of the median actor / critic grad norm vs batch (reference's algo and lr
     rule and gen_batch_ratio, over the response range every such run covers), with an interval
     over runs."""
-    pool = [r for r in runs if r.algo == ref["algo"] and r.lr_rule == ref["lr_rule"] and r.batch
-            and r.gen_batch_ratio == ref.get("gen_batch_ratio", 1)]
+    pool = [r for r in runs if r.algo == ref.algo and r.lr_rule == ref.lr_rule and r.batch
+            and r.gen_batch_ratio == ref.gen_batch_ratio]
     out = {}
     for key in ("actor_grad_norm", "critic_grad_norm"):
         ends = [r.train_series(key)[0] for r in pool]
@@ -370,8 +395,8 @@ def grad_norm_slopes(runs: Sequence[Run], configs: dict, ref: dict, n_boot: int,
                     "norm_ranges": [[float(min(by_b[x])), float(max(by_b[x]))] for x in bs],
                     "slope": slope, "slope_ci": _ci(boot[:, 1], level),
                     "flattens_after": snoise.flattening_batch(bs, means, flat_slope),
-                    "flat_threshold": flat_slope, "lr_rule": ref["lr_rule"],
-                    "algo": ref["algo"], "responses_range": [0.0, n_common]}
+                    "flat_threshold": flat_slope, "lr_rule": ref.lr_rule,
+                    "algo": ref.algo, "responses_range": [0.0, n_common]}
     return out
 
 
@@ -464,7 +489,7 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
                                batch_source=r.batch_source, batch_gen=r.batch_gen,
                                gen_batch_ratio=r.gen_batch_ratio,
                                target=t, clipped_update_fraction=clipped_update_fraction(r))
-    configs, creps = config_stats(groups, per_run, reps, refs, rng, ci_level)
+    configs, creps, boot = config_stats(groups, per_run, reps, refs, rng, ci_level)
     costs = {r.name: step_costs(r) for r in runs}
     for g, rs in groups.items():
         st = configs[g]
@@ -500,33 +525,29 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
 
     if timing is None and sweep_dir is not None:
         timing = sdrift.read_timing(sweep_dir)
-    drift_info, timing_offsets = sdrift.interleaved_r_q(timing, configs, refs, ci_level)
-    # Family-wise verdicts and fastest sets (scaling.familywise): they replace the per-config
-    # bootstrap verdicts; the bootstrap intervals stay as *_ci_boot.
+    drift_info, timing_offsets = sdrift.interleaved_r_q(
+        timing, configs, refs, ci_level, {g: b["r_q"].value for g, b in boot.items()})
+    # Family-wise verdicts and fastest sets (scaling.familywise): their t estimates become
+    # the headline ratios, the bootstrap ones stay beside them (values.ConfigRatios).
     fw = familywise.sweep_tests(configs, per_run, creps,
                                 {a: n for a, (n, _) in refs.items()}, ci_level,
                                 offsets=timing_offsets)
-    for g, f in fw["configs"].items():
-        familywise.merge_into(configs[g], f)
-    sdrift.disagreements(drift_info, {g: f.get("r_q_in_run_test") or {}
-                                      for g, f in fw["configs"].items()},
-                         timing_offsets, ci_level)
-    sdrift.use_interleaved_r_q(configs, drift_info, timing_offsets)
+    drift_info = sdrift.with_disagreements(drift_info, {
+        g: f.r_q_in_run_test for g, f in fw["configs"].items()}, timing_offsets, ci_level)
+    cstats = compose_configs(configs, boot, fw["configs"],
+                             sdrift.pass_ratios(drift_info, timing_offsets))
     best = fw["best_sets"]
     primary = _primary(refs)
-    per_algo = {}
+    per_algo, invariances = {}, {}
     for algo, (name, rs) in refs.items():
-        ref = configs.get(name) or {"algo": rs[0].algo, "lr_rule": rs[0].lr_rule,
-                                    "batch": rs[0].batch, **per_run[name]}
+        ref = cstats.get(name) or single_run_reference(per_run[name], rs[0])
         ref_se = float(np.median([per_run[z.name]["eval_se"] for z in rs]))
         jit = [per_run[z.name]["curve_jitter_se"] for z in rs if is_number(per_run[z.name]
                                                                       ["curve_jitter_se"])]
         start = float(np.mean([per_run[z.name]["start_score"] for z in rs]))
-        inv = {}
         for g, grs in groups.items():
             if (grs[0].algo or "?") == algo and g != name:
-                inv[g] = invariance(grs, rs, reps, rng, ci_level)
-                configs[g]["invariance"] = inv[g]
+                invariances[g] = invariance(grs, rs, reps, rng, ci_level)
         per_algo[algo] = {
             "reference_config": name, "reference_runs": [z.name for z in rs],
             "target": targets[algo], "target_rule": target_rule.get(algo),
@@ -534,32 +555,33 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
             "curve_jitter_se": float(np.median(jit)) if jit else None,
             "start_score": start,
             "signal_to_noise": (targets[algo] - start) / ref_se if ref_se > 0 else None,
-            "reference_reached": bool(ref.get("reached")),
+            "reference_reached": bool(ref.reached),
             "reference_best_smoothed": max(per_run[z.name].get("smoothed_final") or -math.inf
                                            for z in rs),
-            "critical_training_batch": critical_training_batch(configs, ref, tolerance),
-            "grad_norm": grad_norm_slopes(runs, configs, ref, n_boot, rng, ci_level,
-                                          flat_slope),
+            "critical_training_batch": critical_training_batch(cstats, ref, tolerance),
+            "grad_norm": grad_norm_slopes(runs, ref, n_boot, rng, ci_level, flat_slope),
             "best_set": best.get(algo, []),
             # Step costs differ by algorithm (PPO also runs a critic): one fit each.
             "critical_generation_batch": step_cost.fit_runs(
                 [r for r in runs if (r.algo or "?") == algo], costs, n_boot, rng, ci_level,
-                min_gain, ref.get("batch")),
+                min_gain, ref.batch),
         }
         per_algo[algo]["regime"] = step_cost.regime(rs, costs,
                                                     per_algo[algo]["critical_generation_batch"])
+    cstats = {g: dataclasses.replace(st, invariance=invariances[g]) if g in invariances
+              else st for g, st in cstats.items()}
     # Last: its bootstrap draws must not move the numbers above.
-    partial = partial_rollout(configs, creps, groups, reps, rng, ci_level)
+    partial = partial_rollout(cstats, creps, groups, reps, rng, ci_level)
     p = per_algo[primary]
     cgb = p["critical_generation_batch"]
-    found = findings.source_findings(per_algo, configs, creps, ci_level, tolerance, primary, cgb)
+    found = findings.source_findings(per_algo, cstats, creps, ci_level, tolerance, primary, cgb)
     tuning = lr_bracket.read_lr_tuning(sweep_dir) if sweep_dir is not None else None
     extras = lr_bracket.read_tuning_extras(sweep_dir) if sweep_dir is not None else {}
     return Summary(
         ci_level=ci_level, primary_algo=primary,
         algos={a: AlgoSummary.from_json(x) for a, x in per_algo.items()},
         runs={n: RunStats.from_json(x) for n, x in per_run.items()},
-        configs={g: ConfigStats.from_json(x) for g, x in configs.items()},
+        configs=cstats,
         partial_rollout=partial, findings=tuple(found), tolerance=tolerance, n_boot=n_boot,
         skipped=list(skipped), warnings=warnings, sweep_dir=sweep_dir,
         familywise={k: fw[k] for k in ("families", "n_tests", "alpha", "margin", "method")},

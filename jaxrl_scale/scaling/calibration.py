@@ -377,15 +377,15 @@ def fast_rates(design: Design, n_sweeps: int, seed: int = 0, r_N: dict | None = 
         wrong = False
         for g in names[1:]:
             f = fw["configs"].get(g)
-            v = f["verdict"] if f else "not reached"
+            v = f.verdict if f else "not reached"
             calls[g].append(v)
             tr = truth[g]
             if v == "faster" and tr >= 1 or v == "slower" and tr <= 1:
                 wrong = True
-            ci = (f or {}).get("T_over_T0_ci_t")
+            ci = f.ratios["T_over_T0"].ci if f and "T_over_T0" in f.ratios else None
             cov_T.append(bool(ci and ci[0] <= tr <= ci[1]))
             cov_by[g].append(cov_T[-1])
-            ci = (f or {}).get("r_N_ci_t")
+            ci = f.ratios["r_N"].ci if f and "r_N" in f.ratios else None
             cov_N.append(bool(ci and ci[0] <= r_N.get(g, 1.0) <= ci[1]))
         any_wrong.append(wrong)
         pw = familywise.power_fields(fw, level, "grpo")

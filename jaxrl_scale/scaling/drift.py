@@ -31,6 +31,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from jaxrl_scale.scaling.values import TIMING_PASS, Ratio
+
 TIMING_FILE = "timing.json"
 NOT_CONTROLLED = ("machine drift is not controlled: r_q comes from in-run step times, and each "
                   "config's seeds ran back to back, so a slow spell of the machine can land on "
@@ -134,12 +136,15 @@ def half_widths(entries: Sequence[dict], reference_batch: int, level: float) -> 
             for e in entries if e0 is not None and e is not e0}
 
 
-def interleaved_r_q(timing: Sequence[dict] | None, configs: dict, refs: Mapping, level: float
+def interleaved_r_q(timing: Sequence[dict] | None, configs: dict, refs: Mapping, level: float,
+                    in_run: Mapping[str, float | None] | None = None
                     ) -> tuple[dict, dict[str, PassRatio]]:
     """(summary "drift" dict, {config: PassRatio} for `familywise.sweep_tests`).
 
-    refs: {algo: (reference config, runs)} as in the analysis. A config is matched to the
-    pass's entry of its batch (and gen_batch_ratio, preferring its group size)."""
+    refs: {algo: (reference config, runs)} as in the analysis; in_run: {config: r_q from the
+    runs' own step times} (the cross-check). A config is matched to the pass's entry of its
+    batch (and gen_batch_ratio, preferring its group size)."""
+    in_run = in_run or {}
     if not timing:
         return {"controlled": False, "r_q_source": "in-run step times", "note": NOT_CONTROLLED,
                 "configs": {}}, {}
@@ -161,15 +166,15 @@ def interleaved_r_q(timing: Sequence[dict] | None, configs: dict, refs: Mapping,
             if not p.units.size or not math.isfinite(p.log):
                 continue
             row = {"r_q_interleaved": math.exp(p.log), "units": int(p.units.size),
-                   "unit": p.unit, "r_q_in_run": st.get("r_q")}
+                   "unit": p.unit, "r_q_in_run": in_run.get(g)}
             if p.df > 0 and p.se > 0:
                 c = t_ppf(1 - (1 - level) / 2, p.df)
                 row["r_q_interleaved_ci"] = [math.exp(p.log - c * p.se),
                                              math.exp(p.log + c * p.se)]
                 offsets[g] = p
                 units.add(p.unit)
-            if st.get("r_q"):
-                row["in_run_over_interleaved"] = st["r_q"] / math.exp(p.log)
+            if in_run.get(g):
+                row["in_run_over_interleaved"] = in_run[g] / math.exp(p.log)
             out[g] = row
     dis = [abs(math.log(x["in_run_over_interleaved"])) for x in out.values()
            if x.get("in_run_over_interleaved")]
@@ -214,13 +219,13 @@ def pass_load(timing: Sequence[dict]) -> dict | None:
             "loaded": bool(med > LOADED * e["cpus"])}
 
 
-def disagreements(drift: dict, in_run: Mapping[str, dict], offsets: Mapping[str, PassRatio],
-                  level: float) -> list[str]:
-    """Configs whose in-run r_q and pass r_q differ beyond their intervals: the two-sided
-    Welch test of log(in-run) - log(pass) at 1 - level (in_run: {config: {"log_ratio",
-    "se", "df"}}, the seed-paired t test of in-run log q). Also marked in drift["configs"]."""
+def disagreements(in_run: Mapping[str, dict], offsets: Mapping[str, PassRatio]
+                  ) -> dict[str, float]:
+    """{config: p} of the two-sided Welch test of log(in-run r_q) - log(pass r_q), for the
+    configs with both (in_run: {config: {"log_ratio", "se", "df"}}, the seed-paired t test
+    of in-run log q)."""
     from jaxrl_scale.scaling.familywise import t_sf
-    out = []
+    out = {}
     for g, p in offsets.items():
         t = in_run.get(g) or {}
         if not (t.get("se") and t.get("df") and p.df > 0):
@@ -228,24 +233,29 @@ def disagreements(drift: dict, in_run: Mapping[str, dict], offsets: Mapping[str,
         diff, se = t["log_ratio"] - p.log, math.sqrt(t["se"] ** 2 + p.se ** 2)
         den = t["se"] ** 4 / t["df"] + p.se ** 4 / p.df
         df = se ** 4 / den if den > 0 else t["df"]
-        pv = float(min(1.0, 2 * t_sf(abs(diff) / se, df))) if se > 0 else math.nan
-        row = drift["configs"].get(g)
-        if row is not None:
-            row["in_run_vs_pass_p"] = pv
-            row["in_run_vs_pass_disagree"] = bool(pv < 1 - level)
-        if pv < 1 - level:
-            out.append(g)
-    drift["disagree"] = sorted(out)
-    return sorted(out)
+        out[g] = float(min(1.0, 2 * t_sf(abs(diff) / se, df))) if se > 0 else math.nan
+    return out
 
 
-def use_interleaved_r_q(configs: dict, drift: dict, offsets: Mapping) -> None:
-    """Where T/T0 took r_q from the interleaved pass (`offsets`), the config's r_q and r_q_ci
-    become that pass's too, so that T/T0 = r_N / r_q holds in every row of the report; the
-    in-run r_q (seed-paired t) stays as r_q_in_run and r_q_in_run_ci, the cross-check."""
-    for g in offsets:
-        row, st = drift["configs"].get(g) or {}, configs.get(g)
-        if st is None or row.get("r_q_interleaved_ci") is None:
-            continue
-        st["r_q_in_run"], st["r_q_in_run_ci"] = st.get("r_q"), st.get("r_q_ci")
-        st["r_q"], st["r_q_ci"] = row["r_q_interleaved"], row["r_q_interleaved_ci"]
+def with_disagreements(drift: dict, in_run: Mapping[str, dict],
+                       offsets: Mapping[str, PassRatio], level: float) -> dict:
+    """The drift record with each config's in-run vs pass test (in_run_vs_pass_p,
+    in_run_vs_pass_disagree: p < 1 - level) and "disagree", the configs whose two r_q differ
+    beyond their intervals (`disagreements`)."""
+    pv = disagreements(in_run, offsets)
+    rows = {g: ({**row, "in_run_vs_pass_p": pv[g], "in_run_vs_pass_disagree": bool(
+        pv[g] < 1 - level)} if g in pv else row) for g, row in drift["configs"].items()}
+    return {**drift, "configs": rows,
+            "disagree": sorted(g for g, p in pv.items() if p < 1 - level)}
+
+
+def pass_ratios(drift: dict, offsets: Mapping[str, PassRatio]) -> dict[str, Ratio]:
+    """{config: the timing pass's r_q as a `values.Ratio`} where the pass gives an interval;
+    T/T0's test used the same pass (`familywise.sweep_tests`)."""
+    out = {}
+    for g, p in offsets.items():
+        row = drift["configs"].get(g) or {}
+        if row.get("r_q_interleaved_ci") is not None:
+            out[g] = Ratio(row["r_q_interleaved"], row["r_q_interleaved_ci"], TIMING_PASS,
+                           log_ratio=p.log, se=p.se, df=p.df)
+    return out

@@ -32,6 +32,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from jaxrl_scale.scaling.values import FamilyTest, Ratio
+
 EQUIV_MARGIN = (0.8, 1.25)
 POWER = 0.8
 
@@ -245,7 +247,7 @@ def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[s
     (log T/T0 = log r_N - log r_q, Welch-Satterthwaite df) instead of the in-run q, and so do
     the fastest sets (the verdicts and the fastest set rest on one r_q).
 
-    Returns {"configs": {config: fields to merge}, "best_sets": {algo: [config, ...]},
+    Returns {"configs": {config: `values.FamilyTest`}, "best_sets": {algo: [config, ...]},
     "families": {algo: {"sigma_log_N", "sigma_log_T", "df", "paired", "seeds"}},
     "n_tests", "alpha", "method"}.
     """
@@ -319,20 +321,19 @@ def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[s
             verdict = "indistinguishable"
         agree = rerun_agreement(verdict, tt.get("log_ratio"), tt.get("se"), tt.get("df"),
                                 alpha, m)
-        entry = {"verdict": verdict, "p_value": tt.get("p"), "p_holm": float(pa),
-                 "rerun_agreement": agree,
-                 "test": tt.get("method"),
-                 "alike_T": inside(tt.get("sci", [None, None]), margin),
-                 "alike_r_N": inside(row["r_N"].get("sci", [None, None]), margin),
-                 "r_q_in_run_test": {k: row["r_q"].get(k) for k in ("log_ratio", "se", "df")},
-                 "T_over_T0_test": {k: tt.get(k) for k in ("log_ratio", "se", "df")}}
+        ratios = {}
         for name in ("r_N", "r_q", "T_over_T0"):
             x = row[name]
             if x.get("ci", [None])[0] is not None:
-                entry[name + "_ci_t"] = x["ci"]
-                entry[name + "_sci"] = x["sci"]
-                entry[name + "_geo"] = math.exp(x["log_ratio"])
-        out_cfg[g] = entry
+                ratios[name] = Ratio(math.exp(x["log_ratio"]), x["ci"], x["method"],
+                                     sci=x["sci"], log_ratio=x["log_ratio"], se=x["se"],
+                                     df=x["df"])
+        out_cfg[g] = FamilyTest(
+            verdict=verdict, p_value=tt.get("p"), p_holm=float(pa), rerun_agreement=agree,
+            test=tt.get("method"), alike_T=inside(tt.get("sci", [None, None]), margin),
+            alike_r_N=inside(row["r_N"].get("sci", [None, None]), margin),
+            r_q_in_run_test={k: row["r_q"].get(k) for k in ("log_ratio", "se", "df")},
+            T_over_T0_test={k: tt.get(k) for k in ("log_ratio", "se", "df")}, ratios=ratios)
     # Fastest sets: Hsu's MCB per algorithm on log T.
     best = {}
     for algo in sorted({st["algo"] or "?" for st in configs.values()}):
@@ -498,24 +499,6 @@ def design_power(fam: dict, m: int, level: float, k: int | None = None,
     if fam.get("configs"):
         out["design_for_target"] = design_for_target(fam, m, alpha, k)
     return out
-
-
-def merge_into(st: dict, f: dict) -> None:
-    """Merge `sweep_tests` fields into a config's summary dict: the t intervals become the
-    *_ci (the bootstrap ones stay as *_ci_boot) and their centre, the geometric mean of the
-    (seed-paired) ratios, the point estimate (the ratio of seed means stays as
-    *_ratio_of_means: printed beside an interval it is not the centre of, it can sit near an
-    end, e.g. 1.21 in [1.01, 1.30]); the Holm verdict replaces the per-config one."""
-    if "interleaved" in (f.get("test") or "") and f.get("T_over_T0_geo") is not None:
-        st["T_over_T0_in_run"] = st.get("T_over_T0")     # r_q from the timing pass instead
-    for name in ("r_N", "r_q", "T_over_T0"):
-        if f.get(name + "_ci_t") is not None:
-            st[name + "_ci_boot"] = st.get(name + "_ci")
-            st[name + "_ci"] = f[name + "_ci_t"]
-            st[name + "_ratio_of_means"] = st.get(name)
-            st[name] = f[name + "_geo"]
-    st["verdict_per_config"] = st.get("verdict")
-    st.update({k: v for k, v in f.items() if not k.endswith("_ci_t")})
 
 
 def power_fields(fw: dict, level: float, primary: str) -> dict:

@@ -64,8 +64,8 @@ class Finding:
                    numbers=tuple(d.get("numbers") or ()))
 
 
-def _ratio(st: dict) -> float:
-    return st.get("gen_batch_ratio", 1) or 1
+def _ratio(st) -> float:   # st: summary.ConfigStats
+    return st.gen_batch_ratio or 1
 
 
 def _outcome(yes: int, no: int, undecided: int) -> str:
@@ -97,14 +97,15 @@ class _Ctx:
         self.algo, self.info, self.creps, self.level, self.tol = algo, info, creps, level, \
             tolerance
         self.ref_name = info["reference_config"]
-        self.ref = configs.get(self.ref_name) or {}
-        self.ref_batch = self.ref.get("batch") or 0
+        from jaxrl_scale.scaling.summary import ConfigStats   # summary imports Finding
+        self.ref = configs.get(self.ref_name) or ConfigStats()
+        self.ref_batch = self.ref.batch or 0
         self.reached = bool(info.get("reference_reached"))
-        self.items = sorted(((g, st) for g, st in configs.items() if (st["algo"] or "?") == algo),
-                            key=lambda kv: (kv[1].get("batch") or math.inf,
-                                            kv[1].get("lr_rule") or "", kv[0]))
+        self.items = sorted(((g, st) for g, st in configs.items() if (st.algo or "?") == algo),
+                            key=lambda kv: (kv[1].batch or math.inf,
+                                            kv[1].lr_rule or "", kv[0]))
         self.others = [(g, st) for g, st in self.items
-                       if not st.get("is_reference") and g != self.ref_name]
+                       if not st.is_reference and g != self.ref_name]
 
 
 def sqrt_lr_invariance(c: _Ctx) -> tuple[str, str, str, list]:
@@ -113,28 +114,28 @@ def sqrt_lr_invariance(c: _Ctx) -> tuple[str, str, str, list]:
             f" (kept), lower end > {fmt(lim)} or not reached (sample cost)")
     if not c.reached:
         return "undetermined", test, "the reference did not reach J*, so no r_N", []
-    sq = [(g, st) for g, st in c.others if st.get("lr_rule") == "sqrt"
-          and (st.get("batch") or 0) > c.ref_batch and _ratio(st) == _ratio(c.ref)]
+    sq = [(g, st) for g, st in c.others if st.lr_rule == "sqrt"
+          and (st.batch or 0) > c.ref_batch and _ratio(st) == _ratio(c.ref)]
     if not sq:
         return "undetermined", test, "no sqrt-lr config at a batch above the reference's", []
     nums, aligned, cost, open_ = [], [], [], []
     for g, st in sq:
-        iv = Interval.of(st.get("r_N_ci"))
-        d = f"B={fmt(st.get('batch'))} r_N {fmt_ci(st.get('r_N'), st.get('r_N_ci'))}"
-        if st["reached"] and is_number(iv.hi) and iv.hi <= lim:
+        iv = Interval.of(st.r_N_ci)
+        d = f"B={fmt(st.batch)} r_N {fmt_ci(st.r_N, st.r_N_ci)}"
+        if st.reached and is_number(iv.hi) and iv.hi <= lim:
             out = "kept"
-            aligned.append((st["batch"], d))
-        elif st["reached"] and iv.above(lim):
+            aligned.append((st.batch, d))
+        elif st.reached and iv.above(lim):
             out = "cost"
-            cost.append((st["batch"], d))
-        elif not st["reached"]:
+            cost.append((st.batch, d))
+        elif not st.reached:
             out = "not reached"
-            cost.append((st["batch"], f"B={fmt(st.get('batch'))} not reached"))
+            cost.append((st.batch, f"B={fmt(st.batch)} not reached"))
         else:
             out = "open"
-            open_.append((st["batch"], d))
-        nums.append({"config": g, "batch": st["batch"], "reached": st["reached"],
-                     "r_N": st.get("r_N"), "r_N_ci": st.get("r_N_ci"), "outcome": out})
+            open_.append((st.batch, d))
+        nums.append({"config": g, "batch": st.batch, "reached": st.reached,
+                     "r_N": st.r_N, "r_N_ci": st.r_N_ci, "outcome": out})
     parts = []
     if aligned:
         parts.append(f"r_N interval under {fmt(lim)}: " + ", ".join(d for _, d in aligned))
@@ -159,11 +160,11 @@ def fixed_lr_lags(c: _Ctx) -> tuple[str, str, str, list]:
         return "undetermined", test, "the reference did not reach J*, so no r_N", []
     pairs = []
     for g, st in c.items:
-        if st.get("lr_rule") != "fixed" or st.get("batch") == c.ref.get("batch"):
+        if st.lr_rule != "fixed" or st.batch == c.ref.batch:
             continue
         for h, sq in c.items:
-            if (sq.get("lr_rule") == "sqrt" and sq.get("batch") == st.get("batch")
-                    and sq.get("group_size") == st.get("group_size")
+            if (sq.lr_rule == "sqrt" and sq.batch == st.batch
+                    and sq.group_size == st.group_size
                     and _ratio(sq) == _ratio(st)):
                 pairs.append((g, st, h, sq))
     if not pairs:
@@ -173,17 +174,17 @@ def fixed_lr_lags(c: _Ctx) -> tuple[str, str, str, list]:
     yes = no = und = 0
     det, nums = [], []
     for g, st, h, sq in pairs:
-        ratio = or_none(st["N_star"] / sq["N_star"]) if st["reached"] and sq["reached"] \
-            and is_number(st.get("N_star")) and is_number(sq.get("N_star")) else None
+        ratio = or_none(st.N_star / sq.N_star) if st.reached and sq.reached \
+            and is_number(st.N_star) and is_number(sq.N_star) else None
         ci = _ratio_ci(c.creps, g, h, "N", c.level)
-        d = f"B={fmt(st['batch'])}: N*(fixed) / N*(sqrt) = "
-        if not st["reached"] and sq["reached"]:
+        d = f"B={fmt(st.batch)}: N*(fixed) / N*(sqrt) = "
+        if not st.reached and sq.reached:
             yes += 1
             out, d = "lags", d + "- (fixed not reached, sqrt reached: lags)"
-        elif st["reached"] and not sq["reached"]:
+        elif st.reached and not sq.reached:
             no += 1
             out, d = "fixed fewer", d + "- (fixed reaches, sqrt does not)"
-        elif not st["reached"]:
+        elif not st.reached:
             und += 1
             out, d = "neither reached", d + "- (neither reaches)"
         else:
@@ -199,7 +200,7 @@ def fixed_lr_lags(c: _Ctx) -> tuple[str, str, str, list]:
                 und += 1
                 out, d = "undecided", d + " (the interval contains 1)"
         det.append(d)
-        nums.append({"fixed_config": g, "sqrt_config": h, "batch": st["batch"],
+        nums.append({"fixed_config": g, "sqrt_config": h, "batch": st.batch,
                      "N_ratio": ratio, "N_ratio_ci": ci, "outcome": out})
     status = _outcome(yes, no, 0)   # as the report had it: open pairs do not block
     if yes and no:
@@ -237,9 +238,9 @@ def _per_batch(configs: dict, key: str) -> tuple[list[float], list[float]]:
     """Config means of ``key`` per batch, synchronous rollout only."""
     by_b: dict[float, list[float]] = {}
     for st in configs.values():
-        if is_number(st.get("batch")) and is_number(st.get(key)) and st[key] > 0 \
+        if is_number(st.batch) and is_number(getattr(st, key)) and getattr(st, key) > 0 \
                 and _ratio(st) == 1:
-            by_b.setdefault(st["batch"], []).append(st[key])
+            by_b.setdefault(st.batch, []).append(getattr(st, key))
     bs = sorted(by_b)
     return bs, [float(np.mean(by_b[b])) for b in bs]
 
@@ -275,13 +276,13 @@ def equal_PG_alike(c: _Ctx) -> tuple[str, str, str, list]:
             f"inside [{EQUIV_LO:g}, {EQUIV_HI:g}] (alike) or excluding 1 (differ)")
     by: dict[tuple, list] = {}
     for g, st in c.items:
-        if st.get("group_size") is not None and is_number(st.get("batch")):
-            by.setdefault((st.get("lr_rule"), st["batch"], _ratio(st)), []).append((g, st))
+        if st.group_size is not None and is_number(st.batch):
+            by.setdefault((st.lr_rule, st.batch, _ratio(st)), []).append((g, st))
     pairs = []
     for _, xs in sorted(by.items(), key=lambda kv: (str(kv[0][0]), kv[0][1:])):
         for i in range(len(xs)):
             for j in range(i + 1, len(xs)):
-                if xs[i][1].get("group_size") != xs[j][1].get("group_size"):
+                if xs[i][1].group_size != xs[j][1].group_size:
                     pairs.append((xs[i], xs[j]))
     if not pairs:
         return "undetermined", test, ("no two configs share algo, lr rule and P*G with "
@@ -291,14 +292,14 @@ def equal_PG_alike(c: _Ctx) -> tuple[str, str, str, list]:
     yes = no = und = 0
     det, nums = [], []
     for (g, a), (h, b) in pairs:
-        d = (f"B={fmt(a['batch'])} lr {a.get('lr_rule')}: G={a.get('group_size')} vs "
-             f"G={b.get('group_size')}: N* ratio ")
+        d = (f"B={fmt(a.batch)} lr {a.lr_rule}: G={a.group_size} vs "
+             f"G={b.group_size}: N* ratio ")
         ratio = ci = None
-        if not (a["reached"] and b["reached"]):
+        if not (a.reached and b.reached):
             und += 1
             out, d = "not both reached", d + "- (not both reached)"
         else:
-            ratio = or_none(a["N_star"] / b["N_star"]) if b.get("N_star") else None
+            ratio = or_none(a.N_star / b.N_star) if b.N_star else None
             ci = _ratio_ci(c.creps, g, h, "N", c.level)
             iv = Interval.of(ci)
             d += fmt_ci(ratio, ci)
@@ -313,8 +314,8 @@ def equal_PG_alike(c: _Ctx) -> tuple[str, str, str, list]:
                 out, d = "undecided", d + (f" (neither inside [{EQUIV_LO:g}, {EQUIV_HI:g}] "
                                            "nor excluding 1)")
         det.append(d)
-        nums.append({"config_a": g, "config_b": h, "batch": a["batch"],
-                     "group_size_a": a.get("group_size"), "group_size_b": b.get("group_size"),
+        nums.append({"config_a": g, "config_b": h, "batch": a.batch,
+                     "group_size_a": a.group_size, "group_size_b": b.group_size,
                      "N_ratio": ratio, "N_ratio_ci": ci, "outcome": out})
     if yes and no:
         det.append("(mixed)")
@@ -326,27 +327,27 @@ def larger_batch_faster(c: _Ctx) -> tuple[str, str, str, list]:
             "1); the measured r_q bounds what a larger batch can gain")
     if not c.reached:
         return "undetermined", test, "the reference did not reach J*, so no T/T0", []
-    larger = [(g, st) for g, st in c.others if (st.get("batch") or 0) > c.ref_batch]
-    nums = [{"config": g, "batch": st["batch"], "T_over_T0": st.get("T_over_T0"),
-             "T_over_T0_ci": st.get("T_over_T0_ci"), "r_N": st.get("r_N"),
-             "r_N_ci": st.get("r_N_ci"), "r_q": st.get("r_q"), "r_q_ci": st.get("r_q_ci"),
-             "verdict": st.get("verdict")} for g, st in larger]
+    larger = [(g, st) for g, st in c.others if (st.batch or 0) > c.ref_batch]
+    nums = [{"config": g, "batch": st.batch, "T_over_T0": st.T_over_T0,
+             "T_over_T0_ci": st.T_over_T0_ci, "r_N": st.r_N,
+             "r_N_ci": st.r_N_ci, "r_q": st.r_q, "r_q_ci": st.r_q_ci,
+             "verdict": st.verdict} for g, st in larger]
     cap = _cap_text(larger, c.info)
     if not larger:
         return "undetermined", test, (f"no config at a batch above the reference's "
                                       f"B0 = {fmt(c.ref_batch)}" + cap), nums
-    fast = [(g, st) for g, st in larger if st.get("verdict") == "faster"]
+    fast = [(g, st) for g, st in larger if st.verdict == "faster"]
     if fast:
         return "reproduced", test, "faster: " + ", ".join(
-            f"{g} T/T0 {fmt_ci(st.get('T_over_T0'), st.get('T_over_T0_ci'))}"
+            f"{g} T/T0 {fmt_ci(st.T_over_T0, st.T_over_T0_ci)}"
             for g, st in fast) + cap, nums
-    maybe = [(g, st) for g, st in larger if st.get("verdict") == "indistinguishable"
-             and is_number(Interval.of(st.get("T_over_T0_ci")).lo)
-             and Interval.of(st.get("T_over_T0_ci")).lo < 1]
+    maybe = [(g, st) for g, st in larger if st.verdict == "indistinguishable"
+             and is_number(Interval.of(st.T_over_T0_ci).lo)
+             and Interval.of(st.T_over_T0_ci).lo < 1]
     if maybe:
         return "undetermined", test, (
             "no larger batch is faster, but the interval of T/T0 reaches below 1 for "
-            + ", ".join(f"{g} {fmt_ci(st.get('T_over_T0'), st.get('T_over_T0_ci'))}"
+            + ", ".join(f"{g} {fmt_ci(st.T_over_T0, st.T_over_T0_ci)}"
                         for g, st in maybe) + cap), nums
     return "not reproduced", test, ("no batch above B0 has T/T0 < 1 (all slower, not reached "
                                     "or at 1)" + cap), nums
@@ -356,12 +357,12 @@ def _cap_text(larger: list, info: dict) -> str:
     """The r_q cap from the measured r_q of the batches above B0 (not from a fitted line whose
     intercept may be negative), and the update's share of a step at B0: measured (the regime
     line's median over the reference's runs), else from the fits."""
-    meas = [(st["r_q"], g, st) for g, st in larger if is_number(st.get("r_q"))]
+    meas = [(st.r_q, g, st) for g, st in larger if is_number(st.r_q)]
     if not meas:
         s = "; no measured r_q above B0"
     else:
         rq, g, st = max(meas, key=lambda m: m[0])
-        s = (f"; the largest measured r_q above B0 is {fmt_ci(rq, st.get('r_q_ci'))} ({g}), "
+        s = (f"; the largest measured r_q above B0 is {fmt_ci(rq, st.r_q_ci)} ({g}), "
              "so a larger batch is faster only where r_N is below it")
     tf = (info.get("critical_generation_batch") or {}).get("train_fit") or {}
     share = (info.get("regime") or {}).get("update_share")
@@ -385,8 +386,8 @@ PER_ALGO: dict[str, Callable[[_Ctx], tuple]] = {
 
 def source_findings(algos: dict, configs: dict, creps: dict, level: float, tolerance: float,
                     primary: str, cgb: dict) -> list[Finding]:
-    """Every finding in the order of `IDS`: per algorithm (primary first) where it is about
-    learning, once for the hardware finding (sublinear collection, the primary algo's fit)."""
+    """Every finding in the order of `IDS` (configs: {config: `summary.ConfigStats`}; algos:
+    the per-algorithm records): per algorithm (primary first) where it is about learning, once for the hardware finding (sublinear collection, the primary algo's fit)."""
     order = sorted(algos, key=lambda a: (a != primary, a))
     ctx = {a: _Ctx(a, algos[a], configs, creps, level, tolerance) for a in order}
     out = []

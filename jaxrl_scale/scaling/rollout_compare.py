@@ -70,14 +70,13 @@ def rollout_means(runs: Sequence[Run]) -> dict:
     return out
 
 
-def sync_twin(g: str, st: dict, configs: dict) -> str | None:
+def sync_twin(g: str, st, configs: dict) -> str | None:
     """The k = 1 config that differs from config g (k > 1) only in its rollout: same algo,
     B_train, G and lr rule; the one named like g without its ``_k`` tag when several."""
-    if st.get("gen_batch_ratio", 1) == 1:
+    if st.gen_batch_ratio == 1:
         return None
-    key = lambda x: (x["algo"], x["batch"], x["group_size"], x["lr_rule"])
-    twins = [h for h, x in configs.items() if x.get("gen_batch_ratio", 1) == 1
-             and key(x) == key(st)]
+    key = lambda x: (x.algo, x.batch, x.group_size, x.lr_rule)
+    twins = [h for h, x in configs.items() if x.gen_batch_ratio == 1 and key(x) == key(st)]
     if sio.strip_ratio(g) in twins:
         return sio.strip_ratio(g)
     return twins[0] if len(twins) == 1 else None
@@ -87,7 +86,7 @@ def partial_rollout(configs: dict, creps: dict, groups: dict, reps: dict, rng,
                     level: float) -> list[dict]:
     """Partial rollout (B_gen = k * B_train) against its synchronous twin, per config with
     k > 1: q, N* and T ratios (k-run / sync run) with the configs' seed-hierarchical bootstrap
-    replicates, a verdict under Holm over all the comparisons (`familywise_rows`), the
+    replicates (configs: {config: `summary.ConfigStats`}), a verdict under Holm over all the comparisons (`familywise_rows`), the
     learning curves against each other (stale tokens may cost samples) and the rollout
     records' means."""
     rows = []
@@ -96,13 +95,13 @@ def partial_rollout(configs: dict, creps: dict, groups: dict, reps: dict, rng,
         if h is None:
             continue
         x0, a, b = configs[h], creps[g], creps[h]
-        both = bool(st["reached"] and x0["reached"])
-        point = lambda key: or_none(stats.ratio(st[key], x0[key])) if is_number(
-            st[key]) and is_number(x0[key]) else None
+        both = bool(st.reached and x0.reached)
+        point = lambda key: or_none(stats.ratio(getattr(st, key), getattr(x0, key))) if (
+            is_number(getattr(st, key)) and is_number(getattr(x0, key))) else None
         t_ci = _ci(stats.ratio(a["T"], b["T"]), level)
         rows.append({
-            "config": g, "sync_config": h, "algo": st["algo"], "batch": st["batch"],
-            "batch_gen": st["batch_gen"], "gen_batch_ratio": st["gen_batch_ratio"],
+            "config": g, "sync_config": h, "algo": st.algo, "batch": st.batch,
+            "batch_gen": st.batch_gen, "gen_batch_ratio": st.gen_batch_ratio,
             "reached": both, "q_ratio": point("q"),
             "q_ratio_ci": _ci(stats.ratio(a["q"], b["q"]), level),
             "r_N": point("N_star") if both else None,
@@ -110,7 +109,7 @@ def partial_rollout(configs: dict, creps: dict, groups: dict, reps: dict, rng,
             "T_ratio": point("T") if both else None,
             "T_ratio_ci": t_ci, "verdict": _verdict(both, t_ci),
             "curves": invariance(groups[g], groups[h], reps, rng, level),
-            **{k: st.get(k) for k in ROLLOUT_KEYS}})
+            **{k: getattr(st, k) for k in ROLLOUT_KEYS}})
     return familywise_rows(rows, [stats.ratio(creps[x["config"]]["T"],
                                               creps[x["sync_config"]]["T"]) for x in rows], level)
 

@@ -18,6 +18,7 @@ import dataclasses
 from typing import Any
 
 from jaxrl_scale.scaling.findings import Finding
+from jaxrl_scale.scaling.values import FLAT_KEYS, ConfigRatios
 
 Interval = list  # [lo, hi] as written to JSON; None for an unknown (lo) or unbounded (hi) end
 
@@ -135,12 +136,9 @@ class ConfigStats:
     q_std: float | None = None
     reference: str | None = None
     is_reference: bool = False
-    r_N: float | None = None
-    r_q: float | None = None
-    T_over_T0: float | None = None
-    r_N_ci: Interval | None = None
-    r_q_ci: Interval | None = None
-    T_over_T0_ci: Interval | None = None
+    # r_N, r_q, T_over_T0 and their intervals: every estimate with its source (properties
+    # below give summary.json's flat names, values.FLAT_KEYS)
+    ratios: ConfigRatios = dataclasses.field(default_factory=ConfigRatios)
     verdict: str | None = None
     updates_ratio: float | None = None
     responses_min: float | None = None
@@ -166,31 +164,30 @@ class ConfigStats:
     test: str | None = _opt()
     alike_T: bool | None = _opt()
     alike_r_N: bool | None = _opt()
-    r_N_ci_boot: Interval | None = _opt()
-    r_q_ci_boot: Interval | None = _opt()
-    T_over_T0_ci_boot: Interval | None = _opt()
-    r_N_sci: Interval | None = _opt()
-    r_q_sci: Interval | None = _opt()
-    T_over_T0_sci: Interval | None = _opt()
-    r_N_geo: float | None = _opt()       # the t intervals' centres, = r_N, r_q, T_over_T0
-    r_q_geo: float | None = _opt()
-    T_over_T0_geo: float | None = _opt()
-    r_N_ratio_of_means: float | None = _opt()   # N* / N0* of the seed means
-    r_q_ratio_of_means: float | None = _opt()
-    T_over_T0_ratio_of_means: float | None = _opt()
-    T_over_T0_in_run: float | None = _opt()   # with r_q from the in-run q (timing pass used)
-    r_q_in_run: float | None = _opt()          # r_q, r_q_ci: the timing pass's when it ran
-    r_q_in_run_ci: Interval | None = _opt()
     r_q_in_run_test: dict | None = _opt()      # {log_ratio, se, df}: the seed-paired t test
     T_over_T0_test: dict | None = _opt()       # {log_ratio, se, df} of the verdict's test
     rerun_agreement: float | None = _opt()     # P(a rerun gives this verdict), familywise
 
     def to_json(self) -> dict:
-        return _json(self)
+        out = _json(self)
+        del out["ratios"]
+        return {**out, **self.ratios.flat()}
 
     @classmethod
     def from_json(cls, d: dict) -> "ConfigStats":
-        return _from(cls, d, "configs")
+        flat = {k: d[k] for k in FLAT_KEYS if k in d}
+        rest = {k: v for k, v in d.items() if k not in flat}
+        rest["ratios"] = ConfigRatios.from_flat(flat, d.get("test"))
+        return _from(cls, rest, "configs")
+
+
+def _flat_property(key: str) -> property:
+    return property(lambda self: self.ratios.flat().get(key),
+                    doc=f"summary.json's {key!r} (from `ratios`)")
+
+
+for _k in FLAT_KEYS:   # st.r_N, st.r_q_ci, ...: read-only views of the typed ratios
+    setattr(ConfigStats, _k, _flat_property(_k))
 
 
 @dataclasses.dataclass(frozen=True)
