@@ -6,7 +6,7 @@ import pytest
 
 from jaxrl_scale.scaling import findings
 from jaxrl_scale.scaling.findings import Finding
-from jaxrl_scale.scaling.summary import ConfigStats
+from jaxrl_scale.scaling.summary import AlgoSummary, ConfigStats
 
 B0 = 128
 
@@ -27,10 +27,10 @@ def _reps(ratio_lo, ratio_hi, n=400, seed=0):
 
 
 def _find(configs, creps=None, fid="larger_batch_faster"):
-    info = {"reference_config": "ref", "reference_reached": True, "grad_norm": {},
-            "critical_generation_batch": {}}
+    info = AlgoSummary.from_json({"reference_config": "ref", "reference_reached": True,
+                                  "grad_norm": {}, "critical_generation_batch": {}})
     creps = creps or {g: {"N": np.full(400, st.N_star)} for g, st in configs.items()}
-    fs = findings.source_findings({"grpo": info}, configs, creps, 0.9, 0.25, "grpo", {})
+    fs = findings.source_findings({"grpo": info}, configs, creps, 0.9, 0.25, "grpo", None)
     return findings.by_id(fs, fid, "grpo")
 
 
@@ -90,7 +90,7 @@ def test_finding_round_trips_through_json():
 
 
 def test_critical_training_batch_is_defined_above_b0():
-    from jaxrl_scale.scaling.analysis import critical_training_batch
+    from jaxrl_scale.scaling.configs import critical_training_batch
     ref = ConfigStats(algo="grpo", lr_rule="sqrt", batch=B0, gen_batch_ratio=1, N_star=1000.0,
                       N_star_ci=[900.0, 1100.0])
     configs = {"ref": _cfg(B0, ref=True, r_n_ci=(1.0, 1.0)),
@@ -136,10 +136,11 @@ def test_summary_round_trips_and_recorded_summaries_load():
 
 
 def _hw(cgb):
+    info = AlgoSummary.from_json({"reference_config": "ref", "reference_reached": True,
+                                  "grad_norm": {}, "critical_generation_batch": cgb or None})
     return findings.by_id(findings.source_findings(
-        {"grpo": {"reference_config": "ref", "reference_reached": True, "grad_norm": {},
-                  "critical_generation_batch": cgb}},
-        {"ref": _cfg(B0, ref=True)}, {}, 0.9, 0.25, "grpo", cgb), "sublinear_collection")
+        {"grpo": info}, {"ref": _cfg(B0, ref=True)}, {}, 0.9, 0.25, "grpo",
+        info.critical_generation_batch), "sublinear_collection")
 
 
 def test_sublinear_collection_from_the_d0_interval():
@@ -153,12 +154,13 @@ def test_sublinear_collection_from_the_d0_interval():
 
 
 def _grad(slope_ci, flat=None):
-    info = {"reference_config": "ref", "reference_reached": True, "critical_generation_batch": {},
-            "grad_norm": {"actor_grad_norm": {
-                "batches": [64, 128, 256], "slope": sum(slope_ci) / 2, "slope_ci": slope_ci,
-                "flattens_after": flat, "flat_threshold": -0.25, "lr_rule": "sqrt"}}}
+    info = AlgoSummary.from_json({
+        "reference_config": "ref", "reference_reached": True, "critical_generation_batch": {},
+        "grad_norm": {"actor_grad_norm": {
+            "batches": [64, 128, 256], "slope": sum(slope_ci) / 2, "slope_ci": slope_ci,
+            "flattens_after": flat, "flat_threshold": -0.25, "lr_rule": "sqrt"}}})
     fs = findings.source_findings({"grpo": info}, {"ref": _cfg(B0, ref=True)}, {}, 0.9, 0.25,
-                                  "grpo", {})
+                                  "grpo", None)
     return findings.by_id(fs, "grad_norm_slope", "grpo")
 
 
@@ -199,10 +201,10 @@ def test_regime_is_stated_before_any_verdict(gen, upd, want):
     r = s.algos["grpo"].regime
     B = 128
     step = 0.02 + gen * B + upd * B + 0.001
-    assert r["regime"] == want and r["batch"] == B and r["runs"] == 2
-    assert r["gen_share"] == pytest.approx((0.02 + gen * B) / step, rel=1e-6)
-    assert r["update_share"] == pytest.approx(upd * B / step, rel=1e-6)
-    assert r["d1"] == pytest.approx(gen, rel=1e-6) and r["d0"] == pytest.approx(0.02, abs=1e-6)
+    assert r.regime == want and r.batch == B and r.runs == 2
+    assert r.gen_share == pytest.approx((0.02 + gen * B) / step, rel=1e-6)
+    assert r.update_share == pytest.approx(upd * B / step, rel=1e-6)
+    assert r.d1 == pytest.approx(gen, rel=1e-6) and r.d0 == pytest.approx(0.02, abs=1e-6)
     first = design_lines(s)[0]
     assert first.startswith(f"Regime [grpo]: {want} at the reference batch B = 128")
     assert s.to_json()["algos"]["grpo"]["regime"]["regime"] == want
@@ -213,8 +215,8 @@ def test_regime_unknown_without_generation_times():
     from jaxrl_scale.scaling import calibration as cal
     from jaxrl_scale.scaling.analysis import analyze
     s = analyze(cal.simulate_runs(cal.SAMPLED_3_SEEDS, np.random.default_rng(0)), "auto", n_boot=20)
-    assert s.algos["grpo"].regime["regime"] == "unknown"
-    assert "gen_s" in s.algos["grpo"].regime["reason"] and regime_lines(s) == []
+    assert s.algos["grpo"].regime.regime == "unknown"
+    assert "gen_s" in s.algos["grpo"].regime.reason and regime_lines(s) == []
 
 
 def test_report_says_which_configs_trained_lora():

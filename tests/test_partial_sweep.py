@@ -144,13 +144,15 @@ def test_b_gen_varied_only_by_k_decides_no_source_finding():
     against a synchronous one, so finding (4) stays undetermined and the line says why."""
     from jaxrl_scale import report
     from jaxrl_scale.scaling import findings
+    from jaxrl_scale.scaling.records import CriticalGenerationBatch
     runs = [_timed_run("s", 128, 1), _timed_run("k", 128, 2)]
     costs = {r.name: step_costs(r) for r in runs}
     m = step_cost.fit_runs(runs, costs, 50, np.random.default_rng(0), 0.9, 0.1, 128)
     assert m["sync_batches"] == 1 and m["d0"] is not None
-    status, _, text, _ = findings.sublinear_collection(m, {}, 0.9)
+    cgb = CriticalGenerationBatch(**m)
+    status, _, text, _ = findings.sublinear_collection(cgb, {}, 0.9)
     assert status == "undetermined" and "gen_batch_ratio" in text
-    assert "CAUTION" in report.text._cgb_line(m)
+    assert "CAUTION" in report.text._cgb_line(cgb)
 
 
 def test_sample_analyses_keep_to_the_reference_rollout(tmp_path):

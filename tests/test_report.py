@@ -329,10 +329,12 @@ def test_larger_batch_finding_quotes_the_measured_update_share():
     """Finding (6) quotes the update's share of a step that the regime line measured (median
     over the reference's runs), not the line fit's gamma B0 / step, which can differ (a fitted
     intercept absorbs part of the update); the fit only when nothing was measured."""
-    from jaxrl_scale.scaling.summary import ConfigStats
+    from jaxrl_scale.scaling.summary import AlgoSummary, ConfigStats
     larger = [("grpo_P32_G8_sqrt", ConfigStats.from_json({"r_q": 1.2, "r_q_ci": [1.1, 1.3]}))]
-    info = {"regime": {"update_share": 0.67},
-            "critical_generation_batch": {"train_fit": {"update_share_at_reference": 0.56}}}
+    fit = {"train_fit": {"update_share_at_reference": 0.56}}
+    info = AlgoSummary.from_json({"regime": {"update_share": 0.67},
+                                  "critical_generation_batch": fit})
     assert "the update takes 67% of a step" in findings._cap_text(larger, info)
-    info["regime"] = {"regime": "unknown"}
+    info = AlgoSummary.from_json({"regime": {"regime": "unknown"},
+                                  "critical_generation_batch": fit})
     assert "the update takes 56% of a step" in findings._cap_text(larger, info)

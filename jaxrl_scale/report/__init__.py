@@ -74,7 +74,7 @@ def render(summary, out_dir: str, runs: Sequence[Run] = (), plans_dir: str | Non
     if summary.familywise:   # issue 27: t intervals on log ratios, Holm over the sweep
         rq_of = ("r_q, both r_q and T/T0 from the interleaved timing pass (the in-run r_q "
                  "stays in summary.json as r_q_in_run, the cross-check)"
-                 if (summary.drift or {}).get("controlled") else "r_q")
+                 if summary.drift is not None and summary.drift.controlled else "r_q")
         how = (f"N* and q intervals are {lvl} bootstrap intervals [lo, hi] ({UNBOUNDED}: "
                "unbounded, some replicates never reach the target); r_N, r_q and T/T0 intervals "
                f"are {lvl} t intervals on log ratios (seed-paired where the configs share seeds, "

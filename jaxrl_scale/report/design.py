@@ -22,22 +22,20 @@ def regime_lines(summary: Summary | dict) -> list[str]:
     out = []
     for algo, a in sorted(s.algos.items()):
         r = a.regime
-        if not r:
+        if r is None or r.regime == "unknown":   # summary.json keeps the reason; no line to act on
             continue
-        if r.get("regime") == "unknown":   # summary.json keeps the reason; no line to act on
-            continue
-        g_lo, g_hi = r["gen_share_range"]
-        u_lo, u_hi = r["update_share_range"]
-        spread = (lambda lo, hi: f", {_pct(lo)}-{_pct(hi)} over {r['runs']} runs"
-                  if r["runs"] > 1 else "")
-        line = (f"Regime [{algo}]: {r['regime']} at the reference batch B = {fmt(r['batch'])}: "
-                f"generation {fmt(r['gen_s'])} s ({_pct(r['gen_share'])} of a step"
-                f"{spread(g_lo, g_hi)}), update {fmt(r['update_s'])} s "
-                f"({_pct(r['update_share'])}{spread(u_lo, u_hi)})")
-        if r.get("d1") is not None:
+        g_lo, g_hi = r.gen_share_range
+        u_lo, u_hi = r.update_share_range
+        spread = (lambda lo, hi: f", {_pct(lo)}-{_pct(hi)} over {r.runs} runs"
+                  if r.runs > 1 else "")
+        line = (f"Regime [{algo}]: {r.regime} at the reference batch B = {fmt(r.batch)}: "
+                f"generation {fmt(r.gen_s)} s ({_pct(r.gen_share)} of a step"
+                f"{spread(g_lo, g_hi)}), update {fmt(r.update_s)} s "
+                f"({_pct(r.update_share)}{spread(u_lo, u_hi)})")
+        if r.d1 is not None:
             line += (f"; one decode round of B_gen sequences takes d0 + d1 B_gen, d0 = "
-                     f"{fmt_ci(r['d0'], r.get('d0_ci'))} s, d1 = "
-                     f"{fmt_ci(r['d1'], r.get('d1_ci'))} s")
+                     f"{fmt_ci(r.d0, r.d0_ci)} s, d1 = "
+                     f"{fmt_ci(r.d1, r.d1_ci)} s")
         out.append(line + ".")
     return out
 
@@ -163,34 +161,34 @@ def power_lines(summary: Summary | dict) -> list[str]:
     s = as_summary(summary)
     out = []
     for algo, p in sorted((s.power or {}).items()):
-        if not p or p.get("min_detectable_r_N") is None:
-            out.append(f"Power [{algo}]: unknown ({(p or {}).get('reason', 'no seed spread')}); "
+        if not p or p.min_detectable_r_N is None:
+            out.append(f"Power [{algo}]: unknown ({(p.reason if p else None) or 'no seed spread'}); "
                        "verdicts rest on the bootstrap alone.")
             continue
-        pw = p.get("power_r_N") or {}
+        pw = p.power_r_N or {}
         at = ", ".join(f"at {e}: {fmt(pw.get(e), 2)}" for e in ("1.15", "1.3", "1.5")
                        if pw.get(e) is not None)
         q = ""
-        if p.get("pass_se") is not None:
+        if p.pass_se is not None:
             q = (f"; r_q from the timing pass adds its error (SE of log r_q "
-                 f"{fmt(p['pass_se'], 2)}, {p.get('pass_df')} df; from learning alone the "
-                 f"design would detect r_N >= {fmt(p.get('min_detectable_r_N_learning_only'))})")
+                 f"{fmt(p.pass_se, 2)}, {p.pass_df} df; from learning alone the "
+                 f"design would detect r_N >= {fmt(p.min_detectable_r_N_learning_only)})")
         out.append(
-            f"Power [{algo}]: with {p['seeds']} seeds per config and Holm over {p['tests']} "
-            f"configs at family-wise error {fmt(p['alpha'], 2)}, this design calls a config "
-            f"slower with 80% power when its r_N >= {fmt(p['min_detectable_r_N'])} at the "
-            f"reference's throughput, and T/T0 >= {fmt(p['min_detectable_T_over_T0'])} "
-            f"(or <= {fmt(p.get('min_detectable_T_over_T0_below'))}) (measured "
-            f"spread of log N* between seeds, eval noise included: {fmt(p['sigma_log_N'], 2)}, "
-            f"{p['df']} df{q}); power at r_N {at}." + _design_note(p) + _evals_note(p))
+            f"Power [{algo}]: with {p.seeds} seeds per config and Holm over {p.tests} "
+            f"configs at family-wise error {fmt(p.alpha, 2)}, this design calls a config "
+            f"slower with 80% power when its r_N >= {fmt(p.min_detectable_r_N)} at the "
+            f"reference's throughput, and T/T0 >= {fmt(p.min_detectable_T_over_T0)} "
+            f"(or <= {fmt(p.min_detectable_T_over_T0_below)}) (measured "
+            f"spread of log N* between seeds, eval noise included: {fmt(p.sigma_log_N, 2)}, "
+            f"{p.df} df{q}); power at r_N {at}." + _design_note(p) + _evals_note(p))
     return out
 
 
-def _design_note(p: dict) -> str:
+def _design_note(p) -> str:
     """What the measured spread asks of a design that detects r_N >= 1.3 (issue 27 item 6)."""
-    d = p.get("design_for_target") or {}
+    d = p.design_for_target or {}
     here, small = d.get("this_family") or {}, d.get("small_family") or {}
-    if not here or (here.get("seeds") or 0) <= p["seeds"] and here.get("seeds"):
+    if not here or (here.get("seeds") or 0) <= p.seeds and here.get("seeds"):
         return ""
     def cell(x):
         if not x.get("seeds"):
@@ -204,10 +202,10 @@ def _design_note(p: dict) -> str:
     return out + " (`--seeds`; `--prompts` and the study's configs set the family)."
 
 
-def _evals_note(p: dict) -> str:
+def _evals_note(p) -> str:
     """Whether N* was decided by evals (the analysis' power[algo]["evals_before_N_star"]):
     between two sparse evals N* comes from the monotone cubic's guess of the curve's bend."""
-    e = p.get("evals_before_N_star")
+    e = p.evals_before_N_star
     if not e:
         return ""
     if not e["runs_below"]:
@@ -223,22 +221,22 @@ def _evals_note(p: dict) -> str:
 
 def drift_lines(summary: Summary | dict) -> list[str]:
     s = as_summary(summary)
-    d = s.drift or {}
-    if not d or s.primary.reference_reached is False:   # no r_q to speak of
+    d = s.drift
+    if d is None or s.primary.reference_reached is False:   # no r_q to speak of
         return []
-    line = f"Throughput: {d.get('note')}"
-    if d.get("controlled") and d.get("max_disagreement"):
+    line = f"Throughput: {d.note}"
+    if d.controlled and d.max_disagreement:
         line += (f"; in-run and interleaved r_q differ by up to a factor "
-                 f"{fmt(d['max_disagreement'])}")
-    if d.get("disagree"):
-        rows = d.get("configs") or {}
+                 f"{fmt(d.max_disagreement)}")
+    if d.disagree:
+        rows = d.configs
         line += ("; they disagree beyond their intervals (Welch test at "
                  f"{fmt(1 - s.ci_level, 2)}) for " + ", ".join(
                      f"{g} (in-run {fmt(rows[g].get('r_q_in_run'))}, pass "
                      f"{fmt_ci(rows[g].get('r_q_interleaved'), rows[g].get('r_q_interleaved_ci'))})"
-                     for g in d["disagree"]) + ": the pass times the warm-start policy in "
+                     for g in d.disagree) + ": the pass times the warm-start policy in "
                  "interleaved rounds, the runs time their own training")
-    elif d.get("controlled") and "disagree" in d:
+    elif d.controlled and d.disagree is not None:
         line += "; they agree within their intervals for every config"
     return [line + "."]
 

@@ -170,7 +170,7 @@ def plot_collection_time(summary: Summary, path: str) -> str | None:
     ax.set_xticks(x, [fmt(b) for b in bs])
     ax.set_xlabel("batch (retained responses per update)")
     ax.set_ylabel(f"relative to B={fmt(bs[0])}")
-    metric = summary.primary.critical_generation_batch.get("metric") or "?"
+    metric = summary.primary.critical_generation_batch.metric or "?"
     ax.set_title(f"Per-step growth vs the smallest batch (source Fig. 7); collection = {metric}",
                  fontsize=9)
     ax.legend(fontsize=8)
@@ -260,7 +260,7 @@ def plot_critical_batches(summary: Summary, path: str) -> str:
     fig = Figure(figsize=(12, 4.6), layout="constrained")
     ax1, ax2 = fig.subplots(1, 2)
     cgb = summary.primary.critical_generation_batch
-    pts = cgb.get("points") or []
+    pts = cgb.points or []
     if pts:
         b = np.array([p["batch"] for p in pts], float)
         tp = np.array([p["throughput"] for p in pts], float)
@@ -268,30 +268,30 @@ def plot_critical_batches(summary: Summary, path: str) -> str:
         err = np.array([[max(t - lo, 0.0), max(hi - t, 0.0)] for t, (lo, hi) in zip(tp, rng)]).T
         ax1.errorbar(b, tp, yerr=err, fmt="o", color="C0", capsize=3,
                      label="measured (median, bars min..max over runs)")
-        d0, d1 = cgb.get("d0"), cgb.get("d1")
+        d0, d1 = cgb.d0, cgb.d1
         if _ok(d0) and _ok(d1):
-            hi_b = max(b.max(), (cgb.get("batch") or 0) * 1.5)
+            hi_b = max(b.max(), (cgb.batch or 0) * 1.5)
             bb = np.geomspace(b.min(), hi_b, 100)
             with np.errstate(divide="ignore", invalid="ignore"):
                 fit = bb / (d0 + d1 * bb)
             ax1.plot(bb, np.where(fit > 0, fit, np.nan), color="C0", ls="--", lw=1,
-                     label=f"fit B/(d0+d1 B): d0={fmt_ci(d0, cgb.get('d0_ci'))} s, "
-                           f"d1={fmt_ci(d1, cgb.get('d1_ci'))} s")
-    if _ok(cgb.get("batch")):
-        lo, hi = _ci(cgb.get("batch_ci"))
-        ax1.axvline(cgb["batch"], color="C3", ls="--",
-                    label=f"critical generation batch {fmt_ci(cgb['batch'], cgb.get('batch_ci'))}"
-                          + ("" if cgb.get("within_grid") else " (outside the grid)"))
+                     label=f"fit B/(d0+d1 B): d0={fmt_ci(d0, cgb.d0_ci)} s, "
+                           f"d1={fmt_ci(d1, cgb.d1_ci)} s")
+    if _ok(cgb.batch):
+        lo, hi = _ci(cgb.batch_ci)
+        ax1.axvline(cgb.batch, color="C3", ls="--",
+                    label=f"critical generation batch {fmt_ci(cgb.batch, cgb.batch_ci)}"
+                          + ("" if cgb.within_grid else " (outside the grid)"))
         if _ok(lo):
             # A lower end of 0 (no fixed cost) must not stretch the log axis to 2^-30.
-            floor = min([p["batch"] for p in pts] + [cgb["batch"]]) / 2
+            floor = min([p["batch"] for p in pts] + [cgb.batch]) / 2
             ax1.axvspan(max(lo, floor), hi if _ok(hi) else ax1.get_xlim()[1], color="C3",
                         alpha=0.08)
     else:
         ax1.plot([], [], " ", label="no critical generation batch estimated")
     ax1.set_xscale("log", base=2)
-    ax1.set_xlabel(cgb.get("batch_kind") or "batch")
-    ax1.set_ylabel("responses / collection second" if cgb.get("metric") == "gen_s"
+    ax1.set_xlabel(cgb.batch_kind or "batch")
+    ax1.set_ylabel("responses / collection second" if cgb.metric == "gen_s"
                    else "responses / step second (no gen_s logged)")
     ax1.set_title("System: generation throughput", fontsize=10)
     ax1.legend(fontsize=7)
@@ -302,11 +302,11 @@ def plot_critical_batches(summary: Summary, path: str) -> str:
     ctbs = [_algo_info(summary, algo).critical_training_batch for algo in algos]
     ymax = 1.0 + (tol or 0.0)
     for ctb in ctbs:
-        for p in ctb.get("points") or []:
+        for p in ctb.points or []:
             ymax = max([ymax] + [v for v in (p.get("r_N"), _ci(p.get("r_N_ci"))[1]) if _ok(v)])
     for ai, (algo, ctb) in enumerate(zip(algos, ctbs)):
-        tol = ctb.get("tolerance", tol)
-        pts2 = ctb.get("points") or []
+        tol = ctb.tolerance if ctb.tolerance is not None else tol
+        pts2 = ctb.points or []
         color = f"C{2 + ai}"
         name = f"{algo} " if _multi(summary) else ""
         # several configs at one batch (e.g. group sizes): spread them a little in x
@@ -321,18 +321,18 @@ def plot_critical_batches(summary: Summary, path: str) -> str:
             ys = [p["r_N"] for _, p in ok]
             err = _yerr(ys, [p.get("r_N_ci") for _, p in ok], ymax * 1.1)
             ax2.errorbar([x for x, _ in ok], ys, yerr=err, fmt=ALGO_MARKERS[ai % 5], color=color,
-                         capsize=3, label=f"{name}r_N (lr {ctb.get('lr_rule')}, "
+                         capsize=3, label=f"{name}r_N (lr {ctb.lr_rule}, "
                                           f"{_level(summary)} interval)")
         miss = [x for x, p in zip(xs, pts2) if not p.get("reached")]
         if miss:
             ax2.scatter(miss, [ymax * 1.1] * len(miss), marker="x", color=color, s=60,
                         label=f"{name}not reached")
-        if _ok(ctb.get("batch")):
-            ax2.axvline(ctb["batch"], color=color, ls="--", lw=1, alpha=0.6,
-                        label=f"{name}critical training batch {fmt(ctb['batch'])}")
-        if _ok(ctb.get("cost_detected_at")):
-            ax2.axvline(ctb["cost_detected_at"], color=color, ls=":", lw=1, alpha=0.6,
-                        label=f"{name}sample cost detected at B={fmt(ctb['cost_detected_at'])}")
+        if _ok(ctb.batch):
+            ax2.axvline(ctb.batch, color=color, ls="--", lw=1, alpha=0.6,
+                        label=f"{name}critical training batch {fmt(ctb.batch)}")
+        if _ok(ctb.cost_detected_at):
+            ax2.axvline(ctb.cost_detected_at, color=color, ls=":", lw=1, alpha=0.6,
+                        label=f"{name}sample cost detected at B={fmt(ctb.cost_detected_at)}")
     if _ok(tol):
         ax2.axhline(1 + tol, color="gray", ls=":", lw=0.9,
                     label=f"r_N = 1 + tolerance = {1 + tol:g}")

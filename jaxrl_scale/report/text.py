@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from jaxrl_scale.numbers import fmt, fmt_ci
-from jaxrl_scale.report.base import (MIN_SNR, _algo_info, _algo_of, _algos, _configs, _desc,
+from jaxrl_scale.report.base import (_algo_info, _algo_of, _algos, _configs, _desc,
                                      _is_ref, _level, _multi, _ok, _per_batch, _sorted_configs)
 from jaxrl_scale.report.design import design_lines
 from jaxrl_scale.scaling import findings as findings_mod
@@ -32,17 +32,16 @@ def _power_line(summary: Summary, algo: str, prefix: str) -> str:
         + (f"the curves jitter by {fmt(jit)} between evals (policy noise included; the "
            f"bootstrap never uses less); " if _ok(jit) else "") + \
         f"target {tgt}; reference start score {fmt(start)}; "
+    verdict = a.eval_power   # decided by the typed summary, rendered here
     gap = t - start if _ok(t) and _ok(start) else None
-    if _ok(gap) and gap > 0 and _ok(se) and se > 0:
-        ratio = se / gap
-        s += (f"SE / (J* - start) = {fmt(ratio)} vs 1/{MIN_SNR:g} = {fmt(1 / MIN_SNR)} "
+    if verdict == "unknown":
+        return s + "signal-to-noise unknown."
+    if _ok(gap) and gap > 0:
+        s += (f"SE / (J* - start) = {fmt(se / gap)} vs 1/{a.MIN_SNR:g} = {fmt(1 / a.MIN_SNR)} "
               f"(signal-to-noise {fmt(snr)}): ")
-        s += "OK." if _ok(snr) and snr >= MIN_SNR else "UNDERPOWERED: verdicts below may be noise."
-    elif _ok(gap) and gap <= 0:
-        s += (f"the target is not above the start (J* - start = {fmt(gap)}): "
-              "UNDERPOWERED: verdicts below may be noise.")
     else:
-        s += "signal-to-noise unknown."
+        s += f"the target is not above the start (J* - start = {fmt(gap)}): "
+    s += "OK." if verdict == "OK" else "UNDERPOWERED: verdicts below may be noise."
     return s
 
 
@@ -129,10 +128,10 @@ def _best_line(summary: Summary, algo: str, prefix: str) -> str:
 def _ctb_line(summary: Summary, algo: str, prefix: str) -> str:
     a = _algo_info(summary, algo)
     ctb = a.critical_training_batch
-    tol = ctb["tolerance"]
+    tol = ctb.tolerance
     lim = 1 + tol if _ok(tol) else None
     pts: dict[float, list] = {}
-    for p in ctb.get("points") or []:
+    for p in ctb.points or []:
         pts.setdefault(p["batch"], []).append(p)
 
     def at(b, reached_only=False):
@@ -141,18 +140,18 @@ def _ctb_line(summary: Summary, algo: str, prefix: str) -> str:
                          if p.get("reached") else f"{p['config']} not reached within the budget"
                          for p in pts.get(b, []))
 
-    rule = ctb.get("lr_rule") or "-"
+    rule = ctb.lr_rule or "-"
     if not a.reference_reached:
         return (f"{prefix}Critical training batch: undetermined (the reference did not reach "
                 "J*, so no r_N).")
-    b0 = ctb.get("above_batch")
+    b0 = ctb.above_batch
     above = f" above B0 = {fmt(b0)}" if _ok(b0) else ""
     head = (f"{prefix}Critical training batch (lr rule {rule}, largest B{above} whose r_N "
             f"{_level(summary)} upper bound is <= {fmt(lim)}, every batch between qualifying): ")
-    b = ctb.get("batch")
+    b = ctb.batch
     s = head + (f"B = {fmt(b)} ({at(b)})" if _ok(b) else
                 f"none of the measured batches{above} qualifies")
-    c = ctb.get("cost_detected_at")
+    c = ctb.cost_detected_at
     if _ok(c):
         s += f"; a sample cost is detected at B = {fmt(c)} ({at(c)})"
     else:
@@ -160,37 +159,37 @@ def _ctb_line(summary: Summary, algo: str, prefix: str) -> str:
     return s + "."
 
 
-def _cgb_line(cgb: dict) -> str:
+def _cgb_line(cgb) -> str:
     """The critical generation batch sentence from the primary algorithm's step-cost fit."""
-    pts = cgb.get("points") or []
-    kind = cgb.get("batch_kind") or "batch"
-    what = "collection (gen_s)" if cgb.get("metric") == "gen_s" else \
+    pts = cgb.points or []
+    kind = cgb.batch_kind or "batch"
+    what = "collection (gen_s)" if cgb.metric == "gen_s" else \
         "step time (no gen_s logged)"
-    if not (_ok(cgb.get("d0")) and _ok(cgb.get("d1"))):
+    if not (_ok(cgb.d0) and _ok(cgb.d1)):
         return (f"Critical generation batch: not estimated ({what} measured at "
                 f"{len(pts)} distinct batch(es); the fit t_gen = d0 + d1*B needs 2).")
-    fit = (f"t_gen = d0 + d1*B from {what}: d0 = {fmt_ci(cgb['d0'], cgb.get('d0_ci'))} s, "
-           f"d1 = {fmt_ci(cgb['d1'], cgb.get('d1_ci'))} s per response")
-    gain = cgb.get("min_gain")
+    fit = (f"t_gen = d0 + d1*B from {what}: d0 = {fmt_ci(cgb.d0, cgb.d0_ci)} s, "
+           f"d1 = {fmt_ci(cgb.d1, cgb.d1_ci)} s per response")
+    gain = cgb.min_gain
     rule = (f"a doubling adds < {gain:.0%} throughput" if _ok(gain) else "throughput plateaus")
-    if not _ok(cgb.get("batch")):
+    if not _ok(cgb.batch):
         return (f"Critical generation batch: none (d1 <= 0, the per-response cost is not "
                 f"positive); {fit}.")
     lo_b = min((p["batch"] for p in pts), default=None)
     grid = max((p["batch"] for p in pts), default=None)
-    if cgb.get("within_grid"):
+    if cgb.within_grid:
         where = "within the measured grid"
-    elif _ok(lo_b) and cgb["batch"] < lo_b:
+    elif _ok(lo_b) and cgb.batch < lo_b:
         where = (f"below the measured grid (smallest measured {kind} = {fmt(lo_b)}: "
                  "generation throughput is already near its plateau there)")
     else:
         where = f"beyond the measured grid (largest measured {kind} = {fmt(grid)})"
     return (f"Critical generation batch ({kind} beyond which {rule}): "
-            f"{fmt_ci(cgb['batch'], cgb.get('batch_ci'))}, {where}; {fit}{_mixed_note(cgb)}.")
+            f"{fmt_ci(cgb.batch, cgb.batch_ci)}, {where}; {fit}{_mixed_note(cgb)}.")
 
 
-def _mixed_note(cgb: dict) -> str:
-    if cgb.get("sync_batches", 2) >= 2:
+def _mixed_note(cgb) -> str:
+    if cgb.sync_batches >= 2:
         return ""
     return ("; CAUTION: B_gen varies only through gen_batch_ratio, so the fit sets partial-"
             "rollout (slot engine) rounds against synchronous ones rather than sampling one "
@@ -326,7 +325,7 @@ def _details(summary: Summary) -> list[str]:
         out.append(f"From B={fmt(bs[0])} to B={fmt(bs[-1])} ({bs[-1] / bs[0]:.3g}x responses "
                    f"per step) collection time per step grows {coll[-1] / coll[0]:.3g}x "
                    f"({fmt(coll[0])} s -> {fmt(coll[-1])} s).")
-    tf = summary.primary.critical_generation_batch.get("train_fit") or {}
+    tf = summary.primary.critical_generation_batch.train_fit or {}
     if _ok(tf.get("gamma")):
         out.append("Update time per step t_train = overhead + gamma*B: overhead = "
                    f"{fmt_ci(tf.get('overhead'), tf.get('overhead_ci'))}"
@@ -352,7 +351,7 @@ def planner_lines(root: str, summary: Summary, path, drawn: list) -> list[str]:
     for plan_path in sorted(glob.glob(os.path.join(root, "plan*.json"))):
         with open(plan_path) as f:
             plan = json.load(f)
-        rows = planner.compare(plan, summary.to_json())
+        rows = planner.compare(plan, summary)
         if not rows:
             continue
         counts = planner.compare_counts(rows)

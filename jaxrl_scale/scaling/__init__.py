@@ -51,7 +51,10 @@ from jaxrl_scale.scaling.stats import (
     quantile_ci,
 )
 from jaxrl_scale.scaling.step_cost import fit_linear_time, fit_step_times, predict_r_q, r_q
+from jaxrl_scale.scaling.records import (CriticalGenerationBatch, CriticalTrainingBatch, Drift,
+                                         Power, Regime)
 from jaxrl_scale.scaling.summary import AlgoSummary, ConfigStats, RunStats, Summary
+from jaxrl_scale.scaling.values import ConfigRatios, FamilyTest, Ratio
 from jaxrl_scale.scaling.throughput import (
     critical_generation_batch,
     step_costs,

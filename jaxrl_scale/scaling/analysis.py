@@ -41,11 +41,13 @@ from jaxrl_scale.scaling.references import (AnalysisError, _group_size, _primary
                                             default_reference, default_references,
                                             resolve_reference, resolve_references)
 from jaxrl_scale.scaling.rollout_compare import invariance, partial_rollout, rollout_means
+from jaxrl_scale.scaling.records import (CriticalGenerationBatch, CriticalTrainingBatch, Drift,
+                                         Power, Regime)
 from jaxrl_scale.scaling.summary import AlgoSummary, ConfigStats, RunStats, Summary
-from jaxrl_scale.scaling.values import BOOTSTRAP, NAMES, ConfigRatios, Ratio
+from jaxrl_scale.scaling.configs import (compose_configs, config_stats,  # noqa: F401
+                                         critical_training_batch, single_run_reference)
 from jaxrl_scale.scaling.verdicts import VERDICTS  # noqa: F401
 from jaxrl_scale.scaling.verdicts import interval as _ci
-from jaxrl_scale.scaling.verdicts import verdict as _verdict
 from jaxrl_scale.scaling.throughput import step_costs
 
 SUMMARY_FILE = "summary.json"
@@ -192,8 +194,8 @@ def power_and_evals(fw: dict, ci_level: float, primary: str, per_run: dict) -> d
     "evals_before_N_star" (`evals_before_n_star`): what the design can detect and whether N*
     was decided by evals."""
     out = familywise.power_fields(fw, ci_level, primary)
-    for algo, p in out["power"].items():
-        p["evals_before_N_star"] = evals_before_n_star(per_run, algo, MIN_EVALS_BEFORE_N_STAR)
+    out["power"] = {algo: Power(**p, evals_before_N_star=evals_before_n_star(
+        per_run, algo, MIN_EVALS_BEFORE_N_STAR)) for algo, p in out["power"].items()}
     return out
 
 
@@ -210,154 +212,6 @@ def auto_target(ref_stats: Sequence[dict], fraction: float, min_se: float = 3.0
     return round(t, 4), {"rule": f"start + max({fraction:g} x (lowest final smoothed score of "
                                  f"the reference's seeds - start), {min_se:g} eval SE)",
                          "start": start, "reach": reach, "fraction": fraction, "se": se}
-
-
-# ----------------------------------------------------------------------------- per config
-
-
-def _config_reps(names: list[str], reps: dict, rng) -> tuple[np.ndarray, np.ndarray]:
-    """Replicates of the config's mean N* and mean q over its K seeds: seeds resampled with
-    replacement (the same draws for both), each contributing its own replicate b."""
-    N = np.stack([reps[n]["N"] for n in names])
-    Q = np.stack([reps[n]["q"] for n in names])
-    K, B = N.shape
-    if K == 1:
-        return N[0], Q[0]
-    pick = rng.integers(0, K, size=(B, K))
-    cols = np.arange(B)[:, None]
-    return N[pick, cols].mean(axis=1), Q[pick, cols].mean(axis=1)
-
-
-def config_stats(groups: dict[str, list[Run]], per_run: dict, reps: dict, refs: dict,
-                 rng, level: float) -> tuple[dict, dict, dict]:
-    """Per config: (seeds, N*, q with intervals and the bootstrap verdict; the bootstrap
-    replicates; {config: {"r_N", "r_q", "T_over_T0": `values.Ratio`}} from the seed
-    bootstrap against the config's reference)."""
-    out, creps, boot = {}, {}, {}
-    for g, rs in groups.items():
-        names = [r.name for r in rs]
-        xs = [per_run[n] for n in names]
-        n_reached = sum(bool(x["reached"]) for x in xs)
-        all_reached = n_reached == len(xs)
-        N_b, q_b = _config_reps(names, reps, rng)
-        N = float(np.mean([x["N_star"] for x in xs])) if all_reached else math.inf
-        q = float(np.mean([x["q"] for x in xs if is_number(x["q"])])) if any(
-            is_number(x["q"]) for x in xs) else math.nan
-        creps[g] = {"N": N_b, "q": q_b, "T": stats.ratio(N_b, q_b)}
-        st = {"algo": rs[0].algo, "batch": rs[0].batch, "batch_gen": rs[0].batch_gen,
-              "gen_batch_ratio": rs[0].gen_batch_ratio, "lr_rule": rs[0].lr_rule,
-              "group_size": _group_size(rs[0]),
-              "seeds": len(xs), "seeds_reached": n_reached, "runs": names,
-              "reached": all_reached, "N_star": or_none(N), "N_star_ci": _ci(N_b, level),
-              "q": or_none(q), "q_ci": _ci(q_b, level),
-              "T": or_none(N / q) if all_reached and q > 0 else None,
-              "N_star_reached_mean": or_none(np.mean([x["N_star"] for x in xs
-                                                       if x["reached"]])) if n_reached else None}
-        for k in ("N_star", "q"):
-            vals = [x[k] for x in xs if x["reached"] and is_number(x[k])]
-            st[k + "_std"] = float(np.std(vals)) if len(vals) > 1 else None
-        out[g] = st
-    for algo, (ref_name, ref_runs) in refs.items():
-        rg = ref_runs[0].group or ref_runs[0].name
-        if ref_name in out:
-            rst, rrep = out[ref_name], creps[ref_name]
-        else:  # a single run as reference
-            x = per_run[ref_name]
-            rst = {"N_star": x["N_star"], "q": x["q"], "reached": x["reached"]}
-            rrep = {"N": reps[ref_name]["N"], "q": reps[ref_name]["q"]}
-        ref_ok = bool(rst["reached"])
-        for g, st in out.items():
-            if (st["algo"] or "?") != algo:
-                continue
-            st["reference"] = ref_name
-            st["is_reference"] = g == ref_name or (g == rg and len(ref_runs) == len(st["runs"]))
-            if not ref_ok:
-                boot[g] = {k: Ratio(None, [None, None], BOOTSTRAP) for k in NAMES}
-                st["verdict"] = "not reached"
-                continue
-            cr = creps[g]
-            same = st["is_reference"]
-            rn_b = np.ones_like(cr["N"]) if same else stats.ratio(cr["N"], rrep["N"])
-            rq_b = np.ones_like(cr["q"]) if same else stats.ratio(cr["q"], rrep["q"])
-            tt_b = stats.ratio(rn_b, rq_b)
-            r_n = st["N_star"] / rst["N_star"] if st["reached"] and rst["N_star"] else None
-            r_q = st["q"] / rst["q"] if is_number(st["q"]) and rst["q"] else None
-            boot[g] = {"r_N": Ratio(or_none(r_n), _ci(rn_b, level), BOOTSTRAP),
-                       "r_q": Ratio(or_none(r_q), _ci(rq_b, level), BOOTSTRAP),
-                       "T_over_T0": Ratio(or_none(r_n / r_q) if is_number(r_n) and is_number(
-                           r_q) else None, _ci(tt_b, level), BOOTSTRAP)}
-            st["verdict"] = _verdict(st["reached"], boot[g]["T_over_T0"].ci)
-            if st["batch"] and rst.get("batch"):
-                st["updates_ratio"] = or_none(r_n * rst["batch"] / st["batch"]) if is_number(
-                    r_n) else None
-            creps[g]["r_N"] = rn_b
-    return out, creps, boot
-
-
-def compose_configs(configs: dict, boot: dict, tests: dict, passes: dict
-                    ) -> dict[str, ConfigStats]:
-    """Each config's ConfigStats, built once from the stages' own values: its seed statistics
-    and bootstrap verdict (`config_stats`), its bootstrap ratios (``boot``), its family-wise
-    test (``tests``: `values.FamilyTest`; its verdict is the config's, the bootstrap one
-    stays as verdict_per_config) and the timing pass's r_q (``passes``: `values.Ratio`)."""
-    out = {}
-    for g, st in configs.items():
-        f = tests.get(g)
-        extra = {**f.fields(), "verdict_per_config": st.get("verdict")} if f else {}
-        out[g] = ConfigStats(**{**st, **extra}, ratios=ConfigRatios(
-            boot=boot.get(g, {}), t=f.ratios if f else {}, r_q_pass=passes.get(g)))
-    return out
-
-
-def single_run_reference(x: dict, run: Run) -> ConfigStats:
-    """The reference as a ConfigStats when it is a single run, not a config."""
-    return ConfigStats(algo=run.algo, lr_rule=run.lr_rule, batch=run.batch,
-                       gen_batch_ratio=x.get("gen_batch_ratio"), reached=x["reached"],
-                       N_star=x["N_star"], N_star_ci=x.get("N_star_ci"))
-
-
-def critical_training_batch(configs: dict[str, ConfigStats], ref: ConfigStats,
-                            tolerance: float) -> dict:
-    """Largest B above the reference's B0 such that every measured B0 < B' <= B (reference's
-    algo and lr rule) has the upper end of r_N's interval <= 1 + tolerance (None when the
-    first batch above B0 fails: B0 itself passes by construction, r_N = 1, and says nothing);
-    and the smallest B > B0 where a sample cost is detected (lower end > 1 + tolerance, or the
-    target not reached within a budget that already exceeds (1 + tolerance) x N0*). Configs
-    with the reference's gen_batch_ratio."""
-    algo, rule, k = ref.algo, ref.lr_rule, ref.gen_batch_ratio
-    # The reference's rollout only: partial rollout changes learning per response (stale
-    # tokens), and is compared with its synchronous twin in `partial_rollout` instead.
-    pts = sorted(((st.batch, g, st) for g, st in configs.items()
-                  if st.algo == algo and st.lr_rule == rule and st.batch
-                  and st.gen_batch_ratio == k),
-                 key=lambda p: (p[0], p[1]))
-    by_b: dict[float, list] = collections.defaultdict(list)
-    for b, g, st in pts:
-        by_b[b].append((g, st))
-    ok_upto, detected = None, None
-    lim = 1 + tolerance
-    chain = True
-    b0 = ref.batch or 0
-    for b in sorted(by_b):
-        if b <= b0:
-            continue
-        oks = []
-        for g, st in by_b[b]:
-            lo, hi = st.r_N_ci or [None, None]
-            oks.append(bool(st.reached and hi is not None and hi <= lim))
-            if detected is None and st.reached and lo is not None and lo > lim:
-                detected = b
-            if (detected is None and not st.reached and ref.N_star
-                    and (st.responses_min or 0) > lim * ref.N_star_ci[1]):
-                detected = b
-        chain = chain and all(oks)
-        if chain:
-            ok_upto = b
-    return {"batch": ok_upto, "cost_detected_at": detected, "tolerance": tolerance,
-            "lr_rule": rule, "algo": algo, "above_batch": b0 or None,
-            "points": [{"config": g, "batch": b, "r_N": st.r_N,
-                        "r_N_ci": st.r_N_ci, "reached": st.reached}
-                       for b, g, st in pts]}
 
 
 def grad_norm_slopes(runs: Sequence[Run], ref: ConfigStats, n_boot: int, rng, level: float,
@@ -558,34 +412,34 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
             "reference_reached": bool(ref.reached),
             "reference_best_smoothed": max(per_run[z.name].get("smoothed_final") or -math.inf
                                            for z in rs),
-            "critical_training_batch": critical_training_batch(cstats, ref, tolerance),
+            "critical_training_batch": CriticalTrainingBatch(
+                **critical_training_batch(cstats, ref, tolerance)),
             "grad_norm": grad_norm_slopes(runs, ref, n_boot, rng, ci_level, flat_slope),
             "best_set": best.get(algo, []),
-            # Step costs differ by algorithm (PPO also runs a critic): one fit each.
-            "critical_generation_batch": step_cost.fit_runs(
-                [r for r in runs if (r.algo or "?") == algo], costs, n_boot, rng, ci_level,
-                min_gain, ref.batch),
         }
-        per_algo[algo]["regime"] = step_cost.regime(rs, costs,
-                                                    per_algo[algo]["critical_generation_batch"])
+        # Step costs differ by algorithm (PPO also runs a critic): one fit each.
+        cgb = step_cost.fit_runs([r for r in runs if (r.algo or "?") == algo], costs, n_boot,
+                                 rng, ci_level, min_gain, ref.batch)
+        per_algo[algo] = AlgoSummary(**per_algo[algo],
+                                     critical_generation_batch=CriticalGenerationBatch(**cgb),
+                                     regime=Regime(**step_cost.regime(rs, costs, cgb)))
     cstats = {g: dataclasses.replace(st, invariance=invariances[g]) if g in invariances
               else st for g, st in cstats.items()}
     # Last: its bootstrap draws must not move the numbers above.
     partial = partial_rollout(cstats, creps, groups, reps, rng, ci_level)
-    p = per_algo[primary]
-    cgb = p["critical_generation_batch"]
-    found = findings.source_findings(per_algo, cstats, creps, ci_level, tolerance, primary, cgb)
+    found = findings.source_findings(per_algo, cstats, creps, ci_level, tolerance, primary,
+                                     per_algo[primary].critical_generation_batch)
     tuning = lr_bracket.read_lr_tuning(sweep_dir) if sweep_dir is not None else None
     extras = lr_bracket.read_tuning_extras(sweep_dir) if sweep_dir is not None else {}
     return Summary(
         ci_level=ci_level, primary_algo=primary,
-        algos={a: AlgoSummary.from_json(x) for a, x in per_algo.items()},
+        algos=per_algo,
         runs={n: RunStats.from_json(x) for n, x in per_run.items()},
         configs=cstats,
         partial_rollout=partial, findings=tuple(found), tolerance=tolerance, n_boot=n_boot,
         skipped=list(skipped), warnings=warnings, sweep_dir=sweep_dir,
         familywise={k: fw[k] for k in ("families", "n_tests", "alpha", "margin", "method")},
-        **power_and_evals(fw, ci_level, primary, per_run), drift=drift_info,
+        **power_and_evals(fw, ci_level, primary, per_run), drift=Drift.from_json(drift_info),
         # issue 27 item 1: the primary algorithm's lr record, and all of them
         lr_tuning=(tuning.get(primary) or next(iter(tuning.values()))) if tuning else None,
         lr_tuning_by_algo=tuning or None,

@@ -92,15 +92,15 @@ def _ratio_ci(creps: dict, a: str, b: str, key: str, level: float) -> list:
 class _Ctx:
     """What the findings of one algorithm read: its configs (sorted), reference, replicates."""
 
-    def __init__(self, algo: str, info: dict, configs: dict, creps: dict, level: float,
+    def __init__(self, algo: str, info, configs: dict, creps: dict, level: float,
                  tolerance: float):
         self.algo, self.info, self.creps, self.level, self.tol = algo, info, creps, level, \
             tolerance
-        self.ref_name = info["reference_config"]
+        self.ref_name = info.reference_config
         from jaxrl_scale.scaling.summary import ConfigStats   # summary imports Finding
         self.ref = configs.get(self.ref_name) or ConfigStats()
         self.ref_batch = self.ref.batch or 0
-        self.reached = bool(info.get("reference_reached"))
+        self.reached = bool(info.reference_reached)
         self.items = sorted(((g, st) for g, st in configs.items() if (st.algo or "?") == algo),
                             key=lambda kv: (kv[1].batch or math.inf,
                                             kv[1].lr_rule or "", kv[0]))
@@ -211,7 +211,7 @@ def fixed_lr_lags(c: _Ctx) -> tuple[str, str, str, list]:
 def grad_norm_slope(c: _Ctx) -> tuple[str, str, str, list]:
     test = (f"log-log slope of the median actor grad norm vs B: its {c.level:.0%} interval "
             "contains -1/2")
-    g = (c.info.get("grad_norm") or {}).get("actor_grad_norm")
+    g = (c.info.grad_norm or {}).get("actor_grad_norm")
     if not g:
         return "undetermined", test, ("actor_grad_norm is not logged at 2+ batches of the "
                                       "reference's lr rule"), []
@@ -245,16 +245,20 @@ def _per_batch(configs: dict, key: str) -> tuple[list[float], list[float]]:
     return bs, [float(np.mean(by_b[b])) for b in bs]
 
 
-def sublinear_collection(cgb: dict, configs: dict, level: float) -> tuple[str, str, str, list]:
+def sublinear_collection(cgb, configs: dict, level: float) -> tuple[str, str, str, list]:
+    """cgb: the primary algorithm's `records.CriticalGenerationBatch` (None: no fit)."""
     test = f"d0 of the fit t_gen = d0 + d1*B: its {level:.0%} interval above 0"
-    d0, ci = cgb.get("d0"), cgb.get("d0_ci")
+    if cgb is None:
+        return "undetermined", test, ("no fit t_gen = d0 + d1*B (collection times at < 2 "
+                                      "batches)"), []
+    d0, ci = cgb.d0, cgb.d0_ci
     if not is_number(d0):
         return "undetermined", test, ("no fit t_gen = d0 + d1*B (collection times at < 2 "
                                       "batches)"), []
     iv = Interval.of(ci)
-    nums = [{"d0": d0, "d0_ci": ci, "d1": cgb.get("d1"), "d1_ci": cgb.get("d1_ci"),
-             "sync_batches": cgb.get("sync_batches")}]
-    if cgb.get("sync_batches", 2) < 2:
+    nums = [{"d0": d0, "d0_ci": ci, "d1": cgb.d1, "d1_ci": cgb.d1_ci,
+             "sync_batches": cgb.sync_batches}]
+    if cgb.sync_batches < 2:
         return "undetermined", test, (f"synchronous collection times at < 2 batches (d0 = "
                                       f"{fmt_ci(d0, ci)} s comes from B_gen varied only "
                                       "through gen_batch_ratio, not from synchronous decode "
@@ -353,7 +357,7 @@ def larger_batch_faster(c: _Ctx) -> tuple[str, str, str, list]:
                                     "or at 1)" + cap), nums
 
 
-def _cap_text(larger: list, info: dict) -> str:
+def _cap_text(larger: list, info) -> str:
     """The r_q cap from the measured r_q of the batches above B0 (not from a fitted line whose
     intercept may be negative), and the update's share of a step at B0: measured (the regime
     line's median over the reference's runs), else from the fits."""
@@ -364,8 +368,9 @@ def _cap_text(larger: list, info: dict) -> str:
         rq, g, st = max(meas, key=lambda m: m[0])
         s = (f"; the largest measured r_q above B0 is {fmt_ci(rq, st.r_q_ci)} ({g}), "
              "so a larger batch is faster only where r_N is below it")
-    tf = (info.get("critical_generation_batch") or {}).get("train_fit") or {}
-    share = (info.get("regime") or {}).get("update_share")
+    cgb, regime = info.critical_generation_batch, info.regime
+    tf = (cgb.train_fit if cgb is not None else None) or {}
+    share = regime.update_share if regime is not None else None
     if not is_number(share):
         share = tf.get("update_share_at_reference")
     if is_number(share):
@@ -385,15 +390,17 @@ PER_ALGO: dict[str, Callable[[_Ctx], tuple]] = {
 
 
 def source_findings(algos: dict, configs: dict, creps: dict, level: float, tolerance: float,
-                    primary: str, cgb: dict) -> list[Finding]:
-    """Every finding in the order of `IDS` (configs: {config: `summary.ConfigStats`}; algos:
-    the per-algorithm records): per algorithm (primary first) where it is about learning, once for the hardware finding (sublinear collection, the primary algo's fit)."""
+                    primary: str, cgb) -> list[Finding]:
+    """Every finding in the order of `IDS` (algos: {algo: `summary.AlgoSummary`}; configs:
+    {config: `summary.ConfigStats`}; cgb: the primary algorithm's
+    `records.CriticalGenerationBatch`): per algorithm (primary first) where it is about
+    learning, once for the hardware finding (sublinear collection, the primary algo's fit)."""
     order = sorted(algos, key=lambda a: (a != primary, a))
     ctx = {a: _Ctx(a, algos[a], configs, creps, level, tolerance) for a in order}
     out = []
     for fid in IDS:
         if fid == "sublinear_collection":
-            status, test, detail, nums = sublinear_collection(cgb or {}, configs, level)
+            status, test, detail, nums = sublinear_collection(cgb, configs, level)
             out.append(Finding(fid, status, CLAIMS[fid], test, detail, None, tuple(nums)))
             continue
         for a in order:

@@ -37,6 +37,7 @@ from jaxrl_scale.scaling import stats
 from jaxrl_scale.scaling import step_cost
 from jaxrl_scale.scaling.step_cost import PlanError  # noqa: F401  (raised here too)
 from jaxrl_scale.scaling.io import Run
+from jaxrl_scale.scaling.summary import ConfigStats, Summary
 
 NETWORKS = ("actor", "critic")
 RANGE_RULE = ("B is in the range when the lower end of the ci_level interval of the paired "
@@ -377,11 +378,20 @@ def critic_schedule(batch: float, critic_batch: float) -> dict:
             "critic_minibatches": k, "critic_batch_per_update": float(batch) / k}
 
 
-def compare(plan: dict, summary: dict, network: str | None = None,
+def _configs_of(summary) -> dict[str, ConfigStats]:
+    """The typed configs of a `Summary` or of summary.json's dict (a dict needs only
+    "configs": the planner compares with any sweep's table)."""
+    if isinstance(summary, Summary):
+        return summary.configs
+    return {g: ConfigStats.from_json(c) for g, c in (summary.get("configs") or {}).items()}
+
+
+def compare(plan: dict, summary, network: str | None = None,
             same_lr_rule: bool = True) -> list[dict]:
     """One row per measured config of the plan's algo (and lr rule; the planner assumes the
     probe's rule, sqrt re-tuning in SCIENCE.md section 2) and gen_batch_ratio: predicted r_N,
-    r_q, T/T0 with intervals at its batch vs the measured ones of ``summary["configs"]``,
+    r_q, T/T0 with intervals at its batch vs the measured ones of the summary's configs
+    (a `summary.Summary` or summary.json's dict),
     whether the measured point lies inside the predicted interval (``*_inside``) and whether
     the two intervals overlap (``*_overlap``). ``predicted`` fields are None at a batch the
     plan has no prediction for; ``network`` picks `plan["by_network"]` (default: the plan's).
@@ -390,25 +400,25 @@ def compare(plan: dict, summary: dict, network: str | None = None,
     by_batch = {float(p["batch"]): p for p in preds}
     k_plan = float(plan.get("gen_batch_ratio") or 1)
     rows = []
-    for name, c in sorted((summary.get("configs") or {}).items(),
-                          key=lambda kv: (kv[1].get("batch") or 0, kv[0])):
-        if plan.get("algo") and c.get("algo") and c["algo"] != plan["algo"]:
+    for name, c in sorted(_configs_of(summary).items(),
+                          key=lambda kv: (kv[1].batch or 0, kv[0])):
+        if plan.get("algo") and c.algo and c.algo != plan["algo"]:
             continue
-        if same_lr_rule and plan.get("lr_rule") and c.get("lr_rule") != plan["lr_rule"]:
+        if same_lr_rule and plan.get("lr_rule") and c.lr_rule != plan["lr_rule"]:
             continue
-        b = c.get("batch")
+        b = c.batch
         if not is_number(b):
             continue
-        k = (c.get("batch_gen") or b) / b
+        k = (c.batch_gen or b) / b
         if abs(k - k_plan) > 1e-9:
             continue
         p = by_batch.get(float(b))
-        row = {"config": name, "batch": float(b), "group_size": c.get("group_size"),
-               "lr_rule": c.get("lr_rule"), "is_reference": bool(c.get("is_reference")),
-               "reached": c.get("reached")}
+        row = {"config": name, "batch": float(b), "group_size": c.group_size,
+               "lr_rule": c.lr_rule, "is_reference": bool(c.is_reference),
+               "reached": c.reached}
         for m in METRICS:
             pv, pci = (p[m], p.get(f"{m}_ci")) if p else (None, None)
-            mv, mci = c.get(m), c.get(f"{m}_ci")
+            mv, mci = getattr(c, m), getattr(c, f"{m}_ci")
             row.update({f"{m}_pred": pv, f"{m}_pred_ci": pci, f"{m}_meas": mv,
                         f"{m}_meas_ci": mci, f"{m}_inside": _inside(mv, pci) if p else None,
                         f"{m}_overlap": _overlap(pci, mci) if p else None,
@@ -435,7 +445,7 @@ def compare_counts(rows: list[dict], group_size=None) -> dict:
     return out
 
 
-def recommendation_check(plan: dict, summary: dict, rows: list[dict]) -> dict:
+def recommendation_check(plan: dict, summary, rows: list[dict]) -> dict:
     """The planner's recommended batch and range beside the sweep's: the measured fastest
     config among ``rows`` with the plan's group size, and the sweep's best set (configs not
     distinguishable from the fastest, per algorithm when the summary has several)."""
@@ -443,9 +453,13 @@ def recommendation_check(plan: dict, summary: dict, rows: list[dict]) -> dict:
     same = [r for r in rows
             if (g is None or r["group_size"] == g) and is_number(r["T_over_T0_meas"])]
     fastest = min(same, key=lambda r: r["T_over_T0_meas"]) if same else None
-    per_algo = (summary.get("algos") or {}).get(plan.get("algo")) or {}
-    per_algo = per_algo if isinstance(per_algo, dict) else {}
-    best_set = per_algo.get("best_set", summary.get("best_set")) or []
+    if isinstance(summary, Summary):
+        per_algo = summary.algos.get(plan.get("algo"))
+        best_set = (per_algo.best_set if per_algo is not None else summary.primary.best_set)
+    else:   # summary.json's dict, possibly another tool's with "configs" only
+        per_algo = (summary.get("algos") or {}).get(plan.get("algo")) or {}
+        best_set = per_algo.get("best_set", summary.get("best_set"))
+    best_set = best_set or []
     best_batches = sorted({r["batch"] for r in same if r["config"] in best_set})
     rec = plan["recommended"]
     return {"recommended": rec["batch"], "range": rec["range"],

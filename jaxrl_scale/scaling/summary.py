@@ -15,9 +15,12 @@ Numpy only, no JAX.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from jaxrl_scale.scaling.findings import Finding
+from jaxrl_scale.scaling.records import (CriticalGenerationBatch, CriticalTrainingBatch, Drift,
+                                         Power, Regime)
 from jaxrl_scale.scaling.values import FLAT_KEYS, ConfigRatios
 
 Interval = list  # [lo, hi] as written to JSON; None for an unknown (lo) or unbounded (hi) end
@@ -206,18 +209,49 @@ class AlgoSummary:
     signal_to_noise: float | None = None
     reference_reached: bool = None
     reference_best_smoothed: float | None = None
-    critical_training_batch: dict = None
+    critical_training_batch: CriticalTrainingBatch = None
     grad_norm: dict = None
     best_set: list = None
-    critical_generation_batch: dict = None
-    regime: dict | None = _opt()   # where a step's time goes at B0 (issue 27 item 3)
+    critical_generation_batch: CriticalGenerationBatch = None
+    regime: Regime | None = _opt()   # where a step's time goes at B0 (issue 27 item 3)
+
+    # eval SE over the climb from the start to the target above which the design is
+    # UNDERPOWERED: the SE must be under 1/6 of the climb (signal-to-noise >= 6)
+    MIN_SNR = 6.0
+
+    @property
+    def eval_power(self) -> str:
+        """"OK", "UNDERPOWERED" (the eval noise is too large against the climb from the start
+        to the target, or the target is not above the start) or "unknown" (no SE or start)."""
+        num = lambda x: isinstance(x, (int, float)) and math.isfinite(x)
+        gap = self.target - self.start_score if num(self.target) and num(
+            self.start_score) else None
+        if num(gap) and gap > 0 and num(self.eval_se) and self.eval_se > 0:
+            snr = self.signal_to_noise
+            return "OK" if num(snr) and snr >= self.MIN_SNR else "UNDERPOWERED"
+        if num(gap) and gap <= 0:
+            return "UNDERPOWERED"
+        return "unknown"
 
     def to_json(self) -> dict:
-        return _json(self)
+        out = _json(self)
+        for k in RECORDS:
+            if out.get(k) is not None:
+                out[k] = out[k].to_json()
+        return out
 
     @classmethod
     def from_json(cls, d: dict) -> "AlgoSummary":
+        d = {**d, **{k: t.from_json(d[k]) for k, t in RECORDS.items() if k in d}}
         return _from(cls, d, "algos")
+
+
+RECORDS = {"critical_training_batch": CriticalTrainingBatch,
+           "critical_generation_batch": CriticalGenerationBatch, "regime": Regime}
+
+
+def _json_of(x):
+    return x.to_json() if hasattr(x, "to_json") else x
 
 
 # Top-level keys written from algos[primary_algo] (docs/API.md), and the short aliases.
@@ -249,8 +283,8 @@ class Summary:
     familywise: dict | None = None         # {families, n_tests, alpha, margin, method}
     min_detectable_r_N: float | None = None           # 80% power, primary algorithm
     min_detectable_T_over_T0: float | None = None
-    power: dict | None = None              # {algo: design power}
-    drift: dict | None = None              # {controlled, r_q_source, note, ...}
+    power: dict | None = None              # {algo: records.Power}
+    drift: Drift | None = None             # where r_q comes from
     lr_tuning: dict | None = None          # {grid, scores, chosen, bracketed, ...}
     lr_tuning_by_algo: dict | None = None
     lr_tuning_per_batch: dict | None = None   # {algo: {B: lr_tuning}} (retune_lr_per_batch)
@@ -283,8 +317,8 @@ class Summary:
                    runs={n: x.to_json() for n, x in self.runs.items()},
                    configs={g: x.to_json() for g, x in self.configs.items()},
                    best_set=p.best_set, best=p.best_set,
-                   critical_training_batch=p.critical_training_batch,
-                   critical_generation_batch=p.critical_generation_batch,
+                   critical_training_batch=_json_of(p.critical_training_batch),
+                   critical_generation_batch=_json_of(p.critical_generation_batch),
                    grad_norm=p.grad_norm, partial_rollout=self.partial_rollout,
                    findings=[f.to_json() for f in self.findings], tolerance=self.tolerance,
                    n_boot=self.n_boot, skipped=self.skipped, warnings=self.warnings)
@@ -293,6 +327,10 @@ class Summary:
                   "lr_tuning_cost", "lora"):
             if getattr(self, k) is not None:
                 out[k] = getattr(self, k)
+        if self.power is not None:
+            out["power"] = {a: _json_of(x) for a, x in self.power.items()}
+        if self.drift is not None:
+            out["drift"] = self.drift.to_json()
         out["sweep_dir"] = self.sweep_dir
         return out
 
@@ -309,6 +347,9 @@ class Summary:
         kw["runs"] = {n: RunStats.from_json(x) for n, x in d["runs"].items()}
         kw["configs"] = {g: ConfigStats.from_json(x) for g, x in d["configs"].items()}
         kw["findings"] = tuple(Finding.from_json(f) for f in d.get("findings") or ())
+        if d.get("power") is not None:
+            kw["power"] = {a: Power.from_json(x) for a, x in d["power"].items()}
+        kw["drift"] = Drift.from_json(d.get("drift"))
         kw.setdefault("sweep_dir", None)
         return _from(cls, kw, "summary")
 

@@ -45,7 +45,7 @@ class Ratio:
 class ConfigRatios:
     """A config's r_N, r_q and T/T0, every estimate kept with its source.
 
-    boot: the seed bootstrap (`analysis.config_stats`); t: the family-wise t tests
+    boot: the seed bootstrap (`configs.config_stats`); t: the family-wise t tests
     (`familywise.sweep_tests`, configs tested against their reference); r_q_pass: the
     interleaved timing pass (`drift.interleaved_r_q`). The headline of each ratio: t where
     tested, else the bootstrap; for r_q the pass first (T/T0's test then used it too)."""
