@@ -207,3 +207,30 @@ def test_analysis_is_deterministic(tmp_path):
     assert a["configs"]["grpo_B64_sqrt"]["T_over_T0_ci"] == \
         b["configs"]["grpo_B64_sqrt"]["T_over_T0_ci"]
     assert os.path.basename(str(tmp_path))  # the sweep is untouched by the analysis
+
+
+def test_config_ratios_keep_every_estimate_with_its_source():
+    """Each stage's estimate stays as built (bootstrap, t test, timing pass); the headline is a
+    rule, and summary.json's flat keys round-trip through the typed value."""
+    from jaxrl_scale.scaling.values import BOOTSTRAP, TIMING_PASS, ConfigRatios, Ratio
+    boot = {n: Ratio(v, [v * 0.9, v * 1.1], BOOTSTRAP)
+            for n, v in (("r_N", 1.2), ("r_q", 1.5), ("T_over_T0", 0.8))}
+    t = {n: Ratio(v, [v * 0.95, v * 1.05], "paired t", sci=[v * 0.9, v * 1.1])
+         for n, v in (("r_N", 1.1), ("r_q", 1.4))}
+    t["T_over_T0"] = Ratio(0.9, [0.85, 0.95], "paired t + interleaved r_q", sci=[0.8, 1.0])
+    p = Ratio(1.25, [1.2, 1.3], TIMING_PASS)
+    r = ConfigRatios(boot=boot, t=t, r_q_pass=p)
+    assert r.headline("r_q") is p and r.in_run("r_q") is t["r_q"]
+    assert r.headline("r_N") is t["r_N"] and r.headline("T_over_T0") is t["T_over_T0"]
+    flat = r.flat()
+    assert (flat["r_q"], flat["r_q_ci"]) == (1.25, [1.2, 1.3])
+    assert (flat["r_q_in_run"], flat["r_q_in_run_ci"]) == (t["r_q"].value, t["r_q"].ci)
+    assert flat["r_q_geo"] == 1.4 and flat["r_q_ratio_of_means"] == 1.5
+    assert flat["r_N"] == 1.1 and flat["r_N_ci_boot"] == boot["r_N"].ci
+    assert flat["T_over_T0_in_run"] == 0.8   # the bootstrap T/T0, from in-run q
+    assert ConfigRatios.from_flat(flat, "paired t + interleaved r_q").flat() == flat
+    only_boot = ConfigRatios(boot=boot)   # untested (e.g. one seed): the bootstrap's, no extras
+    assert only_boot.flat() == {"r_N": 1.2, "r_q": 1.5, "T_over_T0": 0.8,
+                                "r_N_ci": boot["r_N"].ci, "r_q_ci": boot["r_q"].ci,
+                                "T_over_T0_ci": boot["T_over_T0"].ci}
+    assert ConfigRatios.from_flat(only_boot.flat()) == only_boot
