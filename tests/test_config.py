@@ -68,7 +68,8 @@ def test_errors_name_the_nested_field_by_its_flag():
 
 def test_mesh_expert_must_divide_experts_and_devices():
     """--mesh_expert: an `expert` mesh axis for MoE models; one-line errors otherwise."""
-    from jaxrl_scale.experiment.config import ConfigError, TrainConfig, check_mesh
+    from jaxrl_scale.experiment.checks import check_mesh
+    from jaxrl_scale.experiment.config import ConfigError, TrainConfig
     mesh = check_mesh(TrainConfig.make(model="moe_cpu", mesh_expert=4))
     assert dict(mesh.shape) == {"data": 2, "fsdp": 1, "expert": 4, "tensor": 1}
     for kw, n, match in [(dict(model="moe_cpu", mesh_expert=8), 4, "does not divide the 4 devices"),

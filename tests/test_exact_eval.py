@@ -16,7 +16,8 @@ from jaxrl_scale.data.rewards import exact_match
 from jaxrl_scale.models import forward, get_config, init_params
 from jaxrl_scale.models.tokenizer import CharTokenizer, decode_response
 from jaxrl_scale.rl.exact_eval import answer_probability, answer_rows, end_tokens
-from jaxrl_scale.rl.rollout import generate_rollout
+from jaxrl_scale.rl.rollout import SamplingSettings, generate_rollout
+from jaxrl_scale.sampling import SamplingConfig
 
 PROMPTS = ("3+4=", "12-5=", "9+9=")
 T = 0.2   # a sharp sampler: the answers the test model likes carry real mass
@@ -116,9 +117,9 @@ def test_sampled_reward_rate_agrees_with_the_enumerated_expectation(model, examp
     probs = _enumerate(cfg, params, tok, ex)
     expected = sum(pr * exact_match(decode_response(tok, r), ex) for r, pr in probs.items())
     n = 16384
-    r = generate_rollout(cfg, params, [ex], n, tok.encode, seed=3, temperature=T, chunk=4096,
-                         max_new_tokens=2, top_k=0, top_p=1.0, eos_id=tok.eos_id,
-                         pad_id=tok.pad_id)
+    r = generate_rollout(cfg, params, [ex], n, tok.encode, SamplingSettings(
+        SamplingConfig(temperature=T, top_k=0, top_p=1.0), max_new_tokens=2, eos_id=tok.eos_id,
+        pad_id=tok.pad_id, chunk=4096), seed=3)
     texts = [decode_response(tok, row[:int(k)]) for row, k in zip(r.tokens_BM, r.lengths_B)]
     rate = np.mean([exact_match(t, ex) for t in texts])
     se = np.sqrt(expected * (1 - expected) / n)

@@ -66,7 +66,7 @@ def digit_reward():
     a random policy scores 0 everywhere, the updates are zero and a lost or repeated update
     would go unnoticed."""
     import jaxrl_scale.data
-    from jaxrl_scale.data.rewards import RewardFn
+    from jaxrl_scale.data.reward_runner import RewardFn
     from test_train import _digit_share
     jaxrl_scale.data.reward_for_task = lambda name, **kw: RewardFn(_digit_share, name="digits")
 
@@ -757,7 +757,7 @@ def test_sft_cache_entry_with_a_flipped_bit_is_set_aside_and_retrained(tmp_path,
 
 
 def test_step0_eval_cache_with_a_changed_byte_is_recomputed(tmp_path):
-    from jaxrl_scale.experiment.train import read_sealed_json, sealed
+    from jaxrl_scale.experiment.eval_cache import read_sealed_json, sealed
     from jaxrl_scale.numbers import write_json
     path = str(tmp_path / "eval0.json")
     payload = {"key": {"seed": 0}, "eval": {"score": 0.25, "eval_n": 16}}
@@ -1037,7 +1037,8 @@ def test_config_json_fields_of_the_wrong_type_are_one_clear_error(hf_ckpt, tmp_p
     """A config.json integer that is not one (never truncated: 8.5 is not 8), a number that
     is a string: an HFCheckpointError naming config.json and the field; the commands' one
     line names hf_checkpoint. Nothing is read but config.json."""
-    from jaxrl_scale.experiment.config import ConfigError, hf_model_config
+    from jaxrl_scale.experiment.checks import hf_model_config
+    from jaxrl_scale.experiment.config import ConfigError
     from jaxrl_scale.models.hf import HFCheckpointError, check_hf, load_hf
     d = hf_variant(hf_ckpt[0], tmp_path / "ck", **{field: value})
     _refuse_tensor_reads(monkeypatch)

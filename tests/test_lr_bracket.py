@@ -68,9 +68,10 @@ def test_sweep_extend_tuning_adds_the_lr_beyond_the_best_edge(tmp_path):
     1e-4 / 2; none once the grid brackets the best lr."""
     import json
     import os
+    from jaxrl_scale.experiment import study as study_mod
     from jaxrl_scale.experiment import sweep as sw
     from jaxrl_scale.experiment.config import TrainConfig
-    sweep = sw.SweepConfig(sweep_dir=str(tmp_path), tune_lrs=(1e-4, 2e-4, 3e-4))
+    sweep = study_mod.SweepConfig(sweep_dir=str(tmp_path), tune_lrs=(1e-4, 2e-4, 3e-4))
     base = TrainConfig()
 
     def fake(cfgs, score):
@@ -81,7 +82,7 @@ def test_sweep_extend_tuning_adds_the_lr_beyond_the_best_edge(tmp_path):
                     f.write(json.dumps({"step": n // 128, "responses": n,
                                         "score": score(c.optim.base_lr) * n / 2000}) + "\n")
 
-    tune = sw.tune_plan(sweep, base)
+    tune = study_mod.tune_plan(sweep, base)
     fake(tune, lambda lr: 0.3 - 100 * lr)
     more = sw.extend_tuning(sweep, base, tune)
     assert [c.optim.base_lr for c in more] == [5e-5] and "_lr5e-05" in more[0].run_dir
@@ -97,12 +98,13 @@ def test_retune_lr_per_batch_tunes_every_batch_and_runs_its_own_lr(tmp_path):
     recorded, and the report line comparing it with the sqrt rule."""
     import json
     import os
+    from jaxrl_scale.experiment import study as study_mod
     from jaxrl_scale.experiment import sweep as sw
     from jaxrl_scale.experiment.config import TrainConfig
     from jaxrl_scale.optim import scaled_lr
     from jaxrl_scale.report.design import retune_lines
     from jaxrl_scale.scaling import lr_bracket
-    sweep = sw.SweepConfig(sweep_dir=str(tmp_path), prompts=(8, 16, 32), base_prompts=16,
+    sweep = study_mod.SweepConfig(sweep_dir=str(tmp_path), prompts=(8, 16, 32), base_prompts=16,
                            fixed_prompts=(), pairs=(), tune_lrs=(1e-4, 2e-4, 4e-4),
                            retune_lr_per_batch=True)
     base = TrainConfig()
@@ -118,7 +120,7 @@ def test_retune_lr_per_batch_tunes_every_batch_and_runs_its_own_lr(tmp_path):
                     f.write(json.dumps({"step": n // B, "responses": n, "time_s": n / 1000,
                                         "score": score * n / 2048, "eval_s": 2.0}) + "\n")
 
-    tune = sw.tune_plan(sweep, base)
+    tune = study_mod.tune_plan(sweep, base)
     assert sorted({c.batch_train for c in tune}) == [64, 128, 256] and len(tune) == 9
     assert {c.optim.lr_rule for c in tune if c.batch_train != 128} == {"tuned"}
     assert {os.path.basename(c.run_dir) for c in tune if c.batch_train == 128} == {
@@ -136,7 +138,7 @@ def test_retune_lr_per_batch_tunes_every_batch_and_runs_its_own_lr(tmp_path):
         assert scaled_lr(c.optim.base_lr, B, c.optim.base_batch, "tuned") == best[B]
     # A batch whose tuned lr is the sqrt rule's lr there gets no config of its own: it would
     # repeat the sqrt config's runs bit for bit (and count twice in the Holm family).
-    again = sw.plan(sweep, base, {"grpo": 2e-4},
+    again = study_mod.plan(sweep, base, {"grpo": 2e-4},
                     {("grpo", 64): scaled_lr(2e-4, 64, 128, "sqrt"), ("grpo", 256): 4e-4})
     assert sorted({c.batch_train for c in again if c.optim.lr_rule == "tuned"}) == [256]
     assert len(again) == len(runs) - len(sweep.seeds)
@@ -322,20 +324,21 @@ def test_sweep_tunes_every_lr_at_every_tune_seed(tmp_path):
     middle of the flat set, not the best mean); --list_runs / --run_index count them all."""
     import json
     import os
+    from jaxrl_scale.experiment import study as study_mod
     from jaxrl_scale.experiment import sweep as sw
     from jaxrl_scale.experiment.config import ConfigError, TrainConfig
-    sweep = sw.SweepConfig(sweep_dir=str(tmp_path), tune_lrs=(5e-5, 1e-4, 2e-4, 4e-4),
+    sweep = study_mod.SweepConfig(sweep_dir=str(tmp_path), tune_lrs=(5e-5, 1e-4, 2e-4, 4e-4),
                            tune_seeds=(0, 1, 2), prompts=(8, 16), fixed_prompts=(), pairs=(),
                            seeds=(0,))
     base = TrainConfig()
-    tune = sw.tune_plan(sweep, base)
+    tune = study_mod.tune_plan(sweep, base)
     names = [os.path.basename(c.run_dir) for c in tune]
     assert names[:3] == ["grpo_P16_G8_lr5e-05", "grpo_P16_G8_lr5e-05_s1",
                          "grpo_P16_G8_lr5e-05_s2"] and len(names) == len(set(names)) == 12
     assert [c.seed for c in tune] == [0, 1, 2] * 4
     assert [c.optim.base_lr for c in tune] == [lr for lr in sweep.tune_lrs for _ in range(3)]
-    runs = sw.all_runs(sweep, base)
-    assert [n for n, _ in runs[:12]] == [os.path.join(sw.TUNE_DIR, n) for n in names]
+    runs = study_mod.all_runs(sweep, base)
+    assert [n for n, _ in runs[:12]] == [os.path.join(study_mod.TUNE_DIR, n) for n in names]
     assert len(runs) == 12 + 2
     scores = _hand_made()
 
@@ -366,9 +369,9 @@ def test_sweep_tunes_every_lr_at_every_tune_seed(tmp_path):
     assert lb.read_lr_tuning(str(tmp_path))["grpo"]["chosen"] == 1e-4
     for bad in ((), (0, 0), (-1,)):
         with pytest.raises(ConfigError, match="tune_seeds"):
-            sw.validate_sweep(sw.SweepConfig(tune_seeds=bad), base)
-    assert sw.study_config("default").tune_seeds == sw.study_config("full").tune_seeds == (
-        0, 1, 2)
+            sw.validate_sweep(study_mod.SweepConfig(tune_seeds=bad), base)
+    assert study_mod.study_config("default").tune_seeds == (0, 1, 2)
+    assert study_mod.study_config("full").tune_seeds == (0, 1, 2)
 
 
 def test_old_lr_tune_files_still_read(tmp_path):

@@ -441,7 +441,7 @@ def test_ppo_step_micro_batch_invariant_and_updates_critic(params):
 
 def test_ppo_critic_has_its_own_schedule(params):
     """critic_minibatches=2: the critic takes 2 Adam updates on the two row splits (rows
-    0, 2, 4, ... then 1, 3, 5, ...: steps._split_rows), as a manual loop of single updates
+    0, 2, 4, ... then 1, 3, 5, ...: microbatch.split_rows), as a manual loop of single updates
     does; the actor's update is the 1-update one (GAE reads the pre-update critic)."""
     critic = init_critic_from_actor(params, jax.random.PRNGKey(1))
     batch = make_ppo_batch(0)
@@ -459,9 +459,8 @@ def test_ppo_critic_has_its_own_schedule(params):
     gae = steps.ppo_advantages(CFG, critic, batch, LOSS_CFG)
     data = dict(tokens_BT=batch.tokens_BT, valid_BT=batch.valid_BT, mask_BS=gae["mask_BS"],
                 old_values_BS=gae["values_BS"], returns_BS=gae["returns_BS"])
-    upd = jax.jit(functools.partial(steps._critic_update, cfg=CFG, tx=CTX, loss_cfg=LOSS_CFG,
-                                    micro_batches=1, remat=False, lr_fn=None,
-                                    with_grads=False))
+    upd = jax.jit(functools.partial(steps._critic_update, o=steps.StepOptions(
+        CFG, TX, LOSS_CFG, critic_tx=CTX)))
     def by_hand(data):
         state, B = new_state(critic, CTX), batch.tokens_BT.shape[0]
         for half in (slice(0, B, 2), slice(1, B, 2)):

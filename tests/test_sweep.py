@@ -4,9 +4,11 @@ import os
 
 import pytest
 
+from jaxrl_scale.experiment import study as study_mod
 from jaxrl_scale.experiment import sweep as sweep_mod
 from jaxrl_scale.experiment.config import TrainConfig
-from jaxrl_scale.experiment.sweep import SweepConfig, plan, run_sweep
+from jaxrl_scale.experiment.study import SweepConfig, plan
+from jaxrl_scale.experiment.sweep import run_sweep
 
 
 def _base(data_dir):
@@ -31,14 +33,14 @@ def test_plan_grid_and_lr_rules():
 def test_plan_gen_batch_ratios_axis():
     """gen_batch_ratios=(1, 2) runs every config again at k = 2 (named ..._k2_s<seed>, with
     B_gen = 2 B_train) after the unchanged synchronous study; tuning stays synchronous."""
-    default = sweep_mod.study_config("default")
+    default = study_mod.study_config("default")
     sync = plan(default, TrainConfig(micro_batches=2))
     names = [os.path.basename(r.run_dir) for r in sync]
     # the names the study always had (existing result directories resume)
     assert names == [f"{r.algo}_P{r.prompts_per_step}_G{r.group_size}_{r.optim.lr_rule}_s"
                      f"{r.seed}" for r in sync] and "grpo_P16_G8_sqrt_s0" in names
     assert {r.gen_batch_ratio for r in sync} == {1}
-    both = plan(sweep_mod.study_config("default", gen_batch_ratios=(1, 2)),
+    both = plan(study_mod.study_config("default", gen_batch_ratios=(1, 2)),
                 TrainConfig(micro_batches=2))
     assert len(both) == 2 * len(sync) and both[:len(sync)] == sync
     for r0, r2 in zip(sync, both[len(sync):]):
@@ -46,9 +48,9 @@ def test_plan_gen_batch_ratios_axis():
         assert os.path.basename(r2.run_dir) == f"{stem}_k2_s{seed}"
         assert r2.gen_batch_ratio == 2 and r2.batch_gen == 2 * r2.batch_train
         assert r2.replace(gen_batch_ratio=1, run_dir=r0.run_dir) == r0
-    assert sweep_mod.run_name("grpo", 32, 8, "sqrt", 0, 2) == "grpo_P32_G8_sqrt_k2_s0"
-    assert sweep_mod.run_name("grpo", 32, 8, "sqrt", 0) == "grpo_P32_G8_sqrt_s0"
-    tune = sweep_mod.tune_plan(default, TrainConfig().replace(gen_batch_ratio=2))
+    assert study_mod.run_name("grpo", 32, 8, "sqrt", 0, 2) == "grpo_P32_G8_sqrt_k2_s0"
+    assert study_mod.run_name("grpo", 32, 8, "sqrt", 0) == "grpo_P32_G8_sqrt_s0"
+    tune = study_mod.tune_plan(default, TrainConfig().replace(gen_batch_ratio=2))
     assert tune and {r.gen_batch_ratio for r in tune} == {1}
     with pytest.raises(ValueError, match="gen_batch_ratios"):
         sweep_mod.validate_sweep(SweepConfig(gen_batch_ratios=(0,)), TrainConfig())
@@ -60,7 +62,7 @@ def test_default_and_full_study_designs():
     exact evals; the full one adds the fixed-lr control at >= 2 batches, an equal-P*G pair with
     another G and PPO with its own grid, at 3 seeds."""
     from jaxrl_scale.scaling.familywise import seeds_needed
-    default = sweep_mod.study_config("default")
+    default = study_mod.study_config("default")
     runs = plan(default, TrainConfig(micro_batches=2))
     configs = {(r.algo, r.prompts_per_step, r.group_size, r.optim.lr_rule) for r in runs}
     sqrt_b = sorted({p * g for a, p, g, rule in configs if rule == "sqrt"})
@@ -70,7 +72,7 @@ def test_default_and_full_study_designs():
     assert k >= seeds_needed(0.2, len(configs), len(configs) - 1, 0.1)
     for r in runs:  # whole groups per micro-batch, and every config validates
         assert r.prompts_per_step % r.micro_batches == 0
-    full = plan(sweep_mod.study_config("full"), TrainConfig(micro_batches=2))
+    full = plan(study_mod.study_config("full"), TrainConfig(micro_batches=2))
     fc = {(r.algo, r.prompts_per_step, r.group_size, r.optim.lr_rule) for r in full}
     assert len({p * g for a, p, g, rule in fc if rule == "fixed"}) >= 2
     by_b = {}
@@ -83,7 +85,7 @@ def test_default_and_full_study_designs():
     # the full study reuses the default's runs of its seeds (it can resume from them)
     assert {c.run_dir for c in runs if c.seed in (0, 1, 2)} <= {c.run_dir for c in full}
     with pytest.raises(ValueError, match="study: 'nope' is unknown"):
-        sweep_mod.study_config("nope")
+        study_mod.study_config("nope")
 
 
 def test_sweep_resume_skips_finished_runs(tmp_path, monkeypatch):
@@ -117,7 +119,7 @@ def test_sweep_resume_skips_finished_runs(tmp_path, monkeypatch):
     assert set(summary["runs"]) == {"grpo_P4_G2_sqrt_s0", "grpo_P8_G2_sqrt_s0"}
     assert os.path.isfile(summary["report_path"])
     for name in calls:
-        d = name if "_sqrt_" in name else os.path.join(sweep_mod.TUNE_DIR, name)
+        d = name if "_sqrt_" in name else os.path.join(study_mod.TUNE_DIR, name)
         with open(os.path.join(sweep.sweep_dir, d, "DONE.json")) as f:
             assert json.load(f)["responses"] >= (32 if "_sqrt_" in name else 16)
     # A second call redoes nothing; losing one run's DONE marker (a kill) redoes only it.
@@ -154,7 +156,7 @@ def test_cli_flags_override_the_study():
                "--target=0.3", "--seeds=0")
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout.strip().splitlines()[-1])
-    full = sweep_mod.study_config("full")
+    full = study_mod.study_config("full")
     assert got["algos"] == list(full.algos) and got["ppo_prompts"] == list(full.ppo_prompts)
     assert got["prompts"] == [8, 16] and got["pairs"] == [[16, 4]] and got["tune_lrs"] == []
     assert got["target"] == 0.3 and got["seeds"] == [0] and got["gen_batch_ratios"] == [1]
@@ -234,7 +236,7 @@ def test_sweep_that_lost_a_run_says_so(tmp_path, monkeypatch):
 def test_study_evaluates_exactly_where_the_reward_allows():
     """The study's exact eval falls back to samples for a task whose reward is not exact
     match (arith_chain), unless --eval_mode was given (which then meets its own error)."""
-    from jaxrl_scale.experiment.sweep import exact_eval_where_possible
+    from jaxrl_scale.experiment.study import exact_eval_where_possible
     from jaxrl_scale.experiment.config import validate
     base = TrainConfig.make(eval_mode="exact")
     assert exact_eval_where_possible(base, asked=False).eval_mode == "exact"

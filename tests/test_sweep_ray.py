@@ -1,5 +1,6 @@
 """Sweeps at cluster scale: executor="ray" (a Ray task per run) gives the sequential sweep's
 results, and --list_runs / --run_index split a study into one job per run."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -7,9 +8,10 @@ import sys
 
 import pytest
 
+from jaxrl_scale.experiment import study as study_mod
 from jaxrl_scale.experiment import sweep as sweep_mod
 from jaxrl_scale.experiment.config import ConfigError, TrainConfig
-from jaxrl_scale.experiment.sweep import SweepConfig
+from jaxrl_scale.experiment.study import SweepConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -65,7 +67,7 @@ def test_ray_executor_matches_sequential(tmp_path):
         with open(os.path.join(bad.run_dir, "config.json"), "w") as f:
             json.dump(bad.replace(seed=8).to_json(), f)
         open(os.path.join(bad.run_dir, "metrics.jsonl"), "w").close()
-        done = sweep_mod.plan(par_sweep, _base(data_dir))
+        done = study_mod.plan(par_sweep, _base(data_dir))
         errors, timings = sweep_mod._run_all(done + [bad], "t", False, None, par_sweep)
         assert list(errors) == ["broken"] and "\n" not in errors["broken"]
         assert "seed" in errors["broken"] and list(timings) == ["broken"]
@@ -80,11 +82,11 @@ def test_run_index_covers_every_run_once(tmp_path, monkeypatch):
     run; a study index waits for tuning and then gets the tuned lr."""
     sweep = _sweep(tmp_path / "s", seeds=(0, 1), tune_lrs=(1e-3, 3e-3))
     base = _base(str(tmp_path / "data"))
-    runs = sweep_mod.all_runs(sweep, base)
-    tune, study = sweep_mod.tune_plan(sweep, base), sweep_mod.plan(sweep, base)
+    runs = study_mod.all_runs(sweep, base)
+    tune, study = study_mod.tune_plan(sweep, base), study_mod.plan(sweep, base)
     assert [c.run_dir for _, c in runs] == [c.run_dir for c in tune + study]
     assert len({n for n, _ in runs}) == len(runs) == 2 + 4
-    assert runs[0][0] == os.path.join(sweep_mod.TUNE_DIR, "grpo_P4_G2_lr0.001")
+    assert runs[0][0] == os.path.join(study_mod.TUNE_DIR, "grpo_P4_G2_lr0.001")
     ran = []
 
     def fake(cfg, **kw):   # a finished run without training: DONE.json in its directory
@@ -116,12 +118,12 @@ def test_executor_flags_are_checked_first(monkeypatch):
     for kw, msg in (({"executor": "slurm"}, "executor: 'slurm' is not one of"),
                     ({"ray_address": "auto"}, "ray_address: 'auto' is given but the executor"),
                     ({"executor": "ray", "ray_cpus_per_run": 0}, "ray_cpus_per_run: must be > 0")):
-        if kw.get("executor") == "ray" and sweep_mod.importlib.util.find_spec("ray") is None:
+        if kw.get("executor") == "ray" and importlib.util.find_spec("ray") is None:
             continue
         with pytest.raises(ConfigError, match=msg):
             sweep_mod.validate_sweep(SweepConfig(**kw), base)
-    real = sweep_mod.importlib.util.find_spec
-    monkeypatch.setattr(sweep_mod.importlib.util, "find_spec",
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
                         lambda n, *a: None if n == "ray" else real(n, *a))
     with pytest.raises(ConfigError, match=r"executor: ray is not installed\. "
                                           r"Fix: pip install -e '\.\[ray\]'"):

@@ -161,7 +161,7 @@ def test_ppo_runs_and_logs_critic(tmp_path, data_dir):
 
 
 def test_eval_se_is_the_within_prompt_sampling_noise():
-    from jaxrl_scale.experiment.train import eval_se
+    from jaxrl_scale.experiment.records import eval_se
     # every prompt right in half of its 2 samples: var_p = 1/2, SE = sqrt(P/2 / 2) / P
     ok = np.array([[1, 0]] * 100, bool)
     assert eval_se(ok) == pytest.approx(0.5 / np.sqrt(100))
@@ -297,7 +297,7 @@ def test_metrics_pinned_to_the_loop_before_the_redesign(tmp_path, data_dir, algo
     and seed give the same values. via="reward_fn": the reward given as a user function
     (--reward_fn=test_train:_digit_share, on a worker thread with a timeout) gives them too."""
     import jaxrl_scale.data
-    from jaxrl_scale.data.rewards import RewardFn
+    from jaxrl_scale.data.reward_runner import RewardFn
     extra = {}
     if via == "patched":
         monkeypatch.setattr(jaxrl_scale.data, "reward_for_task",
@@ -364,7 +364,7 @@ ROLLOUT_FIELDS = {"staleness_mean", "staleness_max", "off_policy_token_frac", "s
 
 def _digit_reward(monkeypatch):
     import jaxrl_scale.data
-    from jaxrl_scale.data.rewards import RewardFn
+    from jaxrl_scale.data.reward_runner import RewardFn
     monkeypatch.setattr(jaxrl_scale.data, "reward_for_task",
                         lambda name, **kw: RewardFn(_digit_share, name="digits"))
 
@@ -437,7 +437,7 @@ def test_max_new_tokens_must_hold_the_answers(tmp_path, data_dir):
 
 
 def test_skipped_streak_counts_consecutive_skips():
-    from jaxrl_scale.experiment.train import skipped_streak
+    from jaxrl_scale.experiment.records import skipped_streak
     streak, count = 0, 0
     seen = []
     for c in (0, 1, 2, None, 3, 3, 4):      # None: a step without an update (all filtered)

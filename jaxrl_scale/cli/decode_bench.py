@@ -205,7 +205,8 @@ def check_flags() -> None:
         c.int_list_flag("hf_batch_sizes")
     c.check_choice("dtype", FLAGS.dtype, ("float32", "bfloat16", "float16"))
     if FLAGS.hf_checkpoint:
-        from jaxrl_scale.experiment.config import ConfigError, hf_model_config
+        from jaxrl_scale.experiment.checks import hf_model_config
+        from jaxrl_scale.experiment.errors import ConfigError
         if not os.path.isfile(os.path.join(os.path.expanduser(FLAGS.hf_checkpoint),
                                            "config.json")):
             raise ConfigError("hf_checkpoint", f"no config.json in {FLAGS.hf_checkpoint!r}",

@@ -40,11 +40,12 @@ from jaxrl_scale.cli import (flagdefs, one_line_errors, print_summary, quiet_log
 from jaxrl_scale.experiment.errors import ConfigError
 from jaxrl_scale.experiment.rundir import prepare_run_dir
 from jaxrl_scale.experiment.config import TrainConfig
-from jaxrl_scale.experiment.train import load_inputs
+from jaxrl_scale.experiment.inputs import load_inputs
 from jaxrl_scale.experiment.sft import SFTConfig, sft_config_for, sft_path, sft_warmstart
-from jaxrl_scale.experiment.sweep import (EXIT_RUNS_FAILED, STUDIES, SweepConfig, all_runs,
-                                          check_run_index, exact_eval_where_possible,
-                                          run_one, run_sweep, study_config, validate_sweep)
+from jaxrl_scale.experiment.study import (STUDIES, SweepConfig, all_runs,
+                                          exact_eval_where_possible, study_config)
+from jaxrl_scale.experiment.sweep import (EXIT_RUNS_FAILED, check_run_index, run_one, run_sweep,
+                                          validate_sweep)
 from jaxrl_scale.experiment.sweep import exit_status as sweep_exit_status
 
 SWEEP_HELP = {

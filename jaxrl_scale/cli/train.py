@@ -21,7 +21,9 @@ from jaxrl_scale.cli import (define_distributed_flags, flagdefs, init_distribute
 from jaxrl_scale.distributed import is_primary
 from jaxrl_scale.experiment.config import TrainConfig, check_resume, validate_for_devices
 from jaxrl_scale.experiment.sft import SFTConfig, sft_config_for, sft_path, sft_warmstart
-from jaxrl_scale.experiment.train import claim_run_dir, is_finished, load_inputs, run_training
+from jaxrl_scale.experiment.inputs import load_inputs
+from jaxrl_scale.experiment.rundir import claim_run_dir, is_finished
+from jaxrl_scale.experiment.train import run_training
 
 flagdefs.define_from_dataclass(TrainConfig)
 define_distributed_flags()

@@ -26,7 +26,7 @@ _EXPORTS = {
     "MathJsonl": "builders",
     "MathJsonlConfig": "builders",
     "PromptStream": "stream",
-    "RewardFn": "rewards",
+    "RewardFn": "reward_runner",
     "REWARDS": "rewards",
     "reward_for_task": "rewards",
     "load_reward_fn": "rewards",

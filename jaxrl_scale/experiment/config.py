@@ -1,7 +1,6 @@
 """Run configuration for GRPO/PPO training, validated before any compilation."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
 import functools
@@ -10,6 +9,8 @@ import os
 import typing
 from typing import Any
 
+from jaxrl_scale.experiment.checks import (check_eval_mode, check_lora, check_mesh, check_paths,
+                                           check_reward, check_task, check_wandb)
 from jaxrl_scale.experiment.errors import ConfigError  # noqa: F401  (re-exported)
 from jaxrl_scale.optim import ADAM_RULES
 from jaxrl_scale.rl.config import LOSS_CHOICES, LossConfig
@@ -332,178 +333,6 @@ def check_ranges(flat: dict[str, Any], ranges: dict[str, tuple[float, float, boo
                        f"set --{name} {'in ' if hi < _INF else ''}{rng}")
 
 
-def _check_paths(cfg: TrainConfig) -> None:
-    def exists(p: str) -> bool:
-        return os.path.exists(os.path.expanduser(p))
-    if cfg.hf_checkpoint and not os.path.isfile(
-            os.path.join(os.path.expanduser(cfg.hf_checkpoint), "config.json")):
-        raise _err("hf_checkpoint", f"no config.json in {cfg.hf_checkpoint!r}",
-                   "point --hf_checkpoint at a directory with config.json and *.safetensors")
-    if cfg.hf_checkpoint:
-        hf_model_config(cfg.hf_checkpoint)
-    if cfg.init_checkpoint and not exists(cfg.init_checkpoint):
-        raise _err("init_checkpoint", f"{cfg.init_checkpoint!r} does not exist",
-                   "point --init_checkpoint at an orbax params directory (e.g. the SFT "
-                   "warm-start), or leave it empty")
-    if cfg.tokenizer != "char":
-        path = os.path.expanduser(cfg.tokenizer)
-        if not (os.path.isfile(os.path.join(path, "tokenizer.json")) or
-                (os.path.isfile(path) and path.endswith(".json"))):
-            raise _err("tokenizer", f"{cfg.tokenizer!r} is neither 'char' nor a directory "
-                       "with tokenizer.json", "use --tokenizer=char or a HF tokenizer directory")
-    if os.path.isfile(os.path.expanduser(cfg.run_dir)):
-        raise _err("run_dir", f"{cfg.run_dir!r} is a file", "choose a directory path")
-    if not cfg.hf_checkpoint:
-        from jaxrl_scale.models.config import PRESETS
-        if cfg.model not in PRESETS:
-            raise _err("model", f"preset {cfg.model!r} is unknown",
-                       f"use one of {', '.join(sorted(PRESETS))}, or --hf_checkpoint=DIR")
-        if cfg.loss.router_aux_coef and not PRESETS[cfg.model].is_moe:
-            raise _err("router_aux_coef", f"{cfg.loss.router_aux_coef} needs a mixture-of-"
-                       f"experts model; preset {cfg.model!r} is dense",
-                       "use --router_aux_coef=0, or an MoE preset such as --model=moe_cpu")
-
-
-@contextlib.contextmanager
-def hf_checkpoint_errors(path: str):
-    """An HFCheckpointError in the block (a file missing, truncated or corrupt, a config.json
-    field of the wrong type, an unsupported model) becomes a ConfigError naming hf_checkpoint."""
-    from jaxrl_scale.models.hf import HFCheckpointError
-    try:
-        yield
-    except HFCheckpointError as e:
-        problem = " ".join(str(e).split()).rstrip(".")
-        raise _err("hf_checkpoint", f"{path!r} cannot be used: {problem}",
-                   "re-download or repair that file, or point --hf_checkpoint at another "
-                   "checkpoint of a supported model") from None
-
-
-def hf_model_config(path: str):
-    """The ModelConfig of the HF checkpoint at `path` after every check that reads no tensor
-    data (models.hf.check_hf: config.json, the safetensors headers against the files' sizes,
-    tensor names and shapes); a ConfigError naming hf_checkpoint otherwise."""
-    from jaxrl_scale.models.hf import check_hf
-    with hf_checkpoint_errors(path):
-        return check_hf(os.path.expanduser(path))
-
-
-def _check_lora(cfg: TrainConfig, model_cfg=None) -> None:
-    """The adapter flags (targets are checked with rank 0 too: a typo should not wait for the
-    run that turns LoRA on); `model_cfg` adds the model's own checks."""
-    from jaxrl_scale.models.lora import invalid
-    why = invalid(cfg.lora_rank or 1, cfg.lora_alpha, cfg.lora_targets, model_cfg)
-    if why:
-        fix = {"lora_targets": "pass a comma-separated subset of q,k,v,o,gate,up,down (an MoE "
-                               "model: of q,k,v,o)",
-               "lora_alpha": "pass e.g. --lora_alpha=16",
-               "lora_rank": "pass --lora_rank=0 (off) or a rank such as 8"}[why[0]]
-        raise _err(why[0], why[1], fix)
-    if cfg.lora_rank and cfg.algo != "grpo":
-        raise _err("lora_rank", f"LoRA trains GRPO's policy; --algo={cfg.algo} trains full "
-                   f"networks", "use --algo=grpo, or --lora_rank=0")
-    if cfg.lora_rank and model_cfg is None and not cfg.hf_checkpoint:
-        from jaxrl_scale.models.config import PRESETS
-        if cfg.model in PRESETS:
-            _check_lora(cfg, PRESETS[cfg.model])
-
-
-def _check_wandb(cfg: TrainConfig) -> None:
-    import importlib.util
-    if cfg.wandb_project and importlib.util.find_spec("wandb") is None:
-        raise _err("wandb_project", "W&B logging needs the wandb package, which is not "
-                   "installed", "pip install wandb (or pip install -e '.[wandb]'), or drop "
-                   "--wandb_project")
-
-
-def _check_reward(cfg: TrainConfig) -> None:
-    if not cfg.reward_fn:
-        return
-    from jaxrl_scale.data.rewards import load_reward_fn
-    try:
-        load_reward_fn(cfg.reward_fn)
-    except ValueError as e:
-        raise _err("reward_fn", str(e), "pass --reward_fn=package.module:function, importable "
-                   "from the working directory or PYTHONPATH") from None
-
-
-def _check_eval_mode(cfg: TrainConfig) -> None:
-    """The exact eval reads P(answer) off the sampler's distribution: it needs a temperature,
-    no truncation of that distribution, and an exact-match reward (rl/exact_eval.py)."""
-    if cfg.eval_mode != "exact":
-        return
-    from jaxrl_scale.data.rewards import REWARDS
-    from jaxrl_scale.rl.exact_eval import EXACT_REWARDS
-    sc = cfg.sampling
-    if not sc.temperature > 0 or sc.top_k or sc.top_p < 1:
-        raise _err("eval_mode", f"'exact' needs plain sampling (temperature > 0, top_k 0, "
-                   f"top_p 1), got temperature {sc.temperature}, top_k {sc.top_k}, top_p "
-                   f"{sc.top_p}", "use --eval_mode=sampled, or drop top_k / top_p")
-    r = REWARDS.get(cfg.task)
-    fn = cfg.reward_fn or (f"{r.__module__}:{r.__name__}" if r else None)
-    if fn not in EXACT_REWARDS:
-        raise _err("eval_mode", f"'exact' needs an exact-match reward (one canonical answer), "
-                   f"and task {cfg.task!r} is scored by {fn}", "use --eval_mode=sampled")
-
-
-def _check_task(cfg: TrainConfig) -> None:
-    from jaxrl_scale.data.builders import TASKS, check_task_options
-    if cfg.task not in TASKS:
-        raise _err("task", f"{cfg.task!r} is unknown", f"use one of {', '.join(sorted(TASKS))}")
-    if not isinstance(cfg.task_kwargs, dict):
-        raise _err("task_kwargs", f"must be a JSON object, got {cfg.task_kwargs!r}",
-                   'pass e.g. --task_kwargs=\'{"digits": 2}\'')
-    kw = {k: v for k, v in cfg.task_kwargs.items()}
-    try:
-        check_task_options(cfg.task, num_train=cfg.num_train_examples or None,
-                           num_test=cfg.num_test_examples or None, **kw)
-    except (ValueError, TypeError) as e:
-        known = [k for k in TASKS[cfg.task].knobs() if not k.startswith("num_")]
-        raise _err("task_kwargs", str(e).rstrip("."), f"{cfg.task}'s options are "
-                   f"{', '.join(known)} (sizes: --num_train_examples, --num_test_examples)"
-                   ) from None
-
-
-def check_mesh(cfg: TrainConfig, num_devices: int | None = None):
-    """The (data, fsdp, tensor) mesh the run will use, or a ConfigError naming mesh_data."""
-    from jaxrl_scale import sharding as shd
-    import jax
-    devices = jax.devices()[:num_devices] if num_devices else None
-    _check_mesh_expert(cfg, len(devices or jax.devices()))
-    try:
-        return shd.make_mesh(cfg.mesh_data, cfg.mesh_fsdp, cfg.mesh_tensor, devices=devices,
-                             expert=cfg.mesh_expert)
-    except ValueError as e:
-        raise _err("mesh_data", str(e), f"make mesh_data x mesh_fsdp x mesh_tensor x "
-                   f"mesh_expert use the {len(devices or jax.devices())} devices (one of the "
-                   "first three may be -1)") from None
-
-
-def _num_experts(cfg: TrainConfig) -> int:
-    """The model's expert count from its preset or config.json (no tensor data read)."""
-    if cfg.hf_checkpoint:
-        return hf_model_config(cfg.hf_checkpoint).num_experts
-    from jaxrl_scale.models.config import PRESETS
-    return PRESETS[cfg.model].num_experts
-
-
-def _check_mesh_expert(cfg: TrainConfig, n_devices: int) -> None:
-    """mesh_expert > 1 needs an MoE model whose experts, and the devices, it divides."""
-    X = cfg.mesh_expert
-    if X == 1:
-        return
-    E = _num_experts(cfg)
-    model = cfg.hf_checkpoint or cfg.model
-    if not E:
-        raise _err("mesh_expert", f"{X} splits experts, but model {model!r} is dense",
-                   "use --mesh_expert=1, or an MoE model such as --model=moe_cpu")
-    if E % X:
-        raise _err("mesh_expert", f"{X} does not divide the {E} experts of {model!r}",
-                   f"use a divisor of {E}")
-    if n_devices % X:
-        raise _err("mesh_expert", f"{X} does not divide the {n_devices} devices",
-                   f"use a divisor of {n_devices} that divides the {E} experts")
-
-
 def validate(cfg: TrainConfig, *, data_parallel: int | None = None,
              model_max_seq_len: int | None = None) -> None:
     """Raise a ConfigError naming the field and the fix; cheap (no data, model or compile),
@@ -543,7 +372,7 @@ def validate(cfg: TrainConfig, *, data_parallel: int | None = None,
     if cfg.rollout == "generate" and cfg.partial_rollout:
         raise _err("rollout", "'generate' is the synchronous rollout, but gen_batch_ratio / "
                    "max_staleness ask for partial rollout", "use --rollout=auto")
-    _check_lora(cfg)
+    check_lora(cfg)
     if cfg.target_margin and not cfg.target:
         raise _err("target_margin", "is set but --target is 0 (no target stop)",
                    "set --target too, or drop --target_margin")
@@ -551,11 +380,11 @@ def validate(cfg: TrainConfig, *, data_parallel: int | None = None,
         raise _err("eval_prompts", f"{cfg.eval_prompts} eval prompts but only "
                    f"{cfg.num_test_examples} test examples", "lower --eval_prompts or raise "
                    "--num_test_examples")
-    _check_paths(cfg)
-    _check_task(cfg)
-    _check_reward(cfg)
-    _check_eval_mode(cfg)
-    _check_wandb(cfg)
+    check_paths(cfg)
+    check_task(cfg)
+    check_reward(cfg)
+    check_eval_mode(cfg)
+    check_wandb(cfg)
     if data_parallel is not None and cfg.critic_minibatches > 1 and (
             cfg.batch_train // (cfg.micro_batches * cfg.critic_minibatches)) % data_parallel:
         raise _err("critic_minibatches", f"the critic's micro-batch of "

@@ -14,3 +14,10 @@ class ConfigError(ValueError):
     def __init__(self, field: str, problem: str, fix: str):
         self.field, self.problem, self.fix = field, problem, fix
         super().__init__(f"{field}: {problem}. Fix: {fix}.")
+
+
+def one_line(e: BaseException) -> str:
+    """`e` as one line: its type and the first line of its message (a run's or a step's error
+    in a summary; the traceback goes to ERROR.txt)."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"

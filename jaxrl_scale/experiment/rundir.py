@@ -1,5 +1,5 @@
-"""The run directory: made and proven writable before anything expensive, and held by one
-training at a time.
+"""The run directory: made and proven writable before anything expensive, held by one
+training at a time, and marked finished (DONE.json) or failed (ERROR.txt).
 
 Both checks run before data, model or compile, so a bad --run_dir costs a second, not the
 minute a compile takes. A run directory is shared by every process of a multi-process run;
@@ -7,14 +7,21 @@ the lock is taken by process 0 only (the others write their checkpoint shards un
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import json
 import os
 import socket
+from typing import TYPE_CHECKING, Any
 
-from jaxrl_scale.experiment.config import ConfigError
+from jaxrl_scale.experiment.errors import ConfigError
+
+if TYPE_CHECKING:
+    from jaxrl_scale.experiment.config import TrainConfig
 
 LOCK_FILE = "LOCK"   # holds "pid host" of the training that owns the directory
+DONE_FILE = "DONE.json"   # a finished run's final counters
 
 # realpath -> (open lock file, how many holders in this process): a command (jaxrl-train)
 # takes the lock before the warm-start, run_training takes it again; both in one process.
@@ -118,3 +125,35 @@ def _read_holder(fd: int) -> str:
         return f"process {int(pid)} on {host}"
     except (OSError, ValueError, UnicodeDecodeError):
         return "another process"
+
+
+def is_finished(run_dir: str) -> bool:
+    return os.path.exists(os.path.join(run_dir, DONE_FILE))
+
+
+def done_counters(run_dir: str) -> dict[str, Any] | None:
+    """The final counters a finished run wrote to DONE.json; None when it has none that read
+    (then the run is finished again from its last checkpoint, which rewrites the file)."""
+    try:
+        with open(os.path.join(run_dir, DONE_FILE)) as f:
+            done = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return done if isinstance(done, dict) and "step" in done else None
+
+
+def write_error(run_dir: str, text: str) -> None:
+    """<run_dir>/ERROR.txt: why the run (or a step of the sweep) failed, its traceback."""
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "ERROR.txt"), "w") as f:
+        f.write(text)
+
+
+def claim_run_dir(cfg: TrainConfig):
+    """Create the run directory, prove it writable and lock it for this process (a context
+    manager; process 0 locks, the others only check). ConfigError("run_dir", ...) when it
+    cannot be written or another training holds it; cheap, so it runs before data, model and
+    compile (and before a warm-start)."""
+    from jaxrl_scale import distributed as dist
+    prepare_run_dir(cfg.run_dir)
+    return RunDirLock(cfg.run_dir) if dist.is_primary() else contextlib.nullcontext()

@@ -17,6 +17,9 @@ each building every Run afresh, until r_q's between-block interval is narrow eno
 all candidates' parameters, optimizer states and caches live at once, which at this scale
 (CPU presets) is small; `interleave=False` times one batch at a time and releases each before
 building the next, for models where only one fits.
+
+`timing_pass` is the sweep's pass over its batches (SweepConfig.timing_steps), written to
+SWEEP_DIR/timing.json by `write_timing_pass`; the analysis takes r_q from it.
 """
 from __future__ import annotations
 
@@ -24,12 +27,17 @@ import gc
 import os
 import tempfile
 import time
+import traceback
 from typing import Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from jaxrl_scale.experiment.common import write_json
 from jaxrl_scale.experiment.config import TrainConfig
+from jaxrl_scale.experiment.errors import one_line
+from jaxrl_scale.experiment.rundir import write_error
+from jaxrl_scale.experiment.study import SweepConfig, reference_batch
 from jaxrl_scale.experiment.train import Run
 
 # What each timed step records, from `Run.train_step` (train.py defines them):
@@ -181,3 +189,43 @@ def time_configs(cfgs: Sequence[TrainConfig], warmup: int = 2, steps: int = 3,
             gc.collect()
     bar.close()
     return entries
+
+
+def timing_pass(sweep: SweepConfig, runs: list[TrainConfig], progress: bool = True) -> dict:
+    """The sweep's interleaved timing pass (`time_blocks`) over every synchronous
+    batch of each algorithm: timing.json's content {"entries", "interleaved", "steps",
+    "algos": {algo: {"blocks", "stopping"}}}. Every batch is stepped once per round on the same
+    machine state, in blocks, so r_q from it is not moved by a slow spell of the machine and
+    its interval covers the spread between passes (scaling.drift)."""
+    entries, meta = [], {}
+    for algo in sweep.algos:
+        cfgs = [c for c in runs if c.algo == algo and c.gen_batch_ratio == 1]
+        if not cfgs:
+            continue
+        G = 1 if algo == "ppo" else (sweep.base_group or min(sweep.group_sizes))
+        ref = min(cfgs, key=lambda c: (c.group_size != G, c.batch_train))
+        batches = sorted({c.batch_train for c in cfgs if c.batch_train % G == 0})
+        out = time_blocks(ref.replace(group_size=G), batches, reference_batch(sweep, algo),
+                          warmup=2, steps=sweep.timing_steps, min_blocks=sweep.timing_blocks,
+                          max_blocks=sweep.timing_max_blocks,
+                          tolerance=sweep.timing_tolerance, progress=progress)
+        entries += [{**e, "algo": algo} for e in out["entries"]]
+        meta[algo] = {"blocks": out["blocks"], "stopping": out["stopping"]}
+    return {"entries": entries, "interleaved": True, "steps": sweep.timing_steps,
+            "algos": meta}
+
+
+def write_timing_pass(sweep: SweepConfig, runs: list[TrainConfig], progress: bool = True
+                      ) -> str | None:
+    """`timing_pass` written to SWEEP_DIR/timing.json (kept when it exists). None, or the
+    error as one line (the study's runs stand; the analysis falls back to in-run q)."""
+    from jaxrl_scale.scaling.drift import TIMING_FILE
+    path = os.path.join(sweep.sweep_dir, TIMING_FILE)
+    if os.path.isfile(path):
+        return None
+    try:
+        write_json(path, timing_pass(sweep, runs, progress), indent=2)
+    except Exception as e:  # the study's runs stand; the analysis falls back to in-run q
+        write_error(os.path.join(sweep.sweep_dir, "_timing"), traceback.format_exc())
+        return one_line(e)
+    return None

@@ -22,14 +22,10 @@ and truncates metrics.jsonl to it, so the file never holds duplicate or missing 
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-import hashlib
-import json
 import os
 import time
-import warnings
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -41,52 +37,29 @@ from jaxrl_scale import interrupt
 from jaxrl_scale import optim
 from jaxrl_scale import sharding as shd
 from jaxrl_scale.checkpoint import Checkpointer, load_pytree
-from jaxrl_scale.experiment.common import load_splits, prompt_length, write_json
-from jaxrl_scale.experiment.config import (TrainConfig, check_resume, hf_checkpoint_errors,
-                                           hf_model_config, validate, validate_for_devices,
+from jaxrl_scale.experiment.checks import check_lora, hf_checkpoint_errors
+from jaxrl_scale.experiment.common import write_json
+from jaxrl_scale.experiment.config import (TrainConfig, check_resume, validate_for_devices,
                                            write_config)
-from jaxrl_scale.experiment.config import ConfigError
+from jaxrl_scale.experiment.eval_cache import initial_eval
+from jaxrl_scale.experiment.inputs import load_inputs
 from jaxrl_scale.experiment.metrics import MetricsLog
-from jaxrl_scale.experiment.rundir import RunDirLock, prepare_run_dir
+from jaxrl_scale.experiment.records import (NONFINITE_STREAK, NonfiniteUpdatesError, eval_se,
+                                            skipped_streak, step_metrics)
+from jaxrl_scale.experiment.rundir import DONE_FILE, claim_run_dir, done_counters
 from jaxrl_scale.experiment.writers import close_all, make_writers, write_all
-from jaxrl_scale.models import get_config, init_params, load_hf
+from jaxrl_scale.models import init_params, load_hf
 from jaxrl_scale.models import lora
-from jaxrl_scale.models.tokenizer import load_tokenizer
 from jaxrl_scale.rl import exact_eval
 from jaxrl_scale.rl.batch import RolloutBatch, check_shared_prompts, rollout_batch
 from jaxrl_scale.rl.config import StepOptions
 from jaxrl_scale.rl.partial import PartialRollout
-from jaxrl_scale.rl.rollout import LoopState, Rollout, generate_rollout, score_rollout
+from jaxrl_scale.rl.rollout import (LoopState, Rollout, SamplingSettings, generate_rollout,
+                                    score_rollout)
 from jaxrl_scale.rl.state import init_train_state, state_shardings
 from jaxrl_scale.rl.steps import grpo_step, make_train_step, ppo_step, score_tokens
 from jaxrl_scale.rl.value import init_critic_from_actor
 from jaxrl_scale.sampling.engine import SlotEngine
-
-DONE_FILE = "DONE.json"
-
-
-def is_finished(run_dir: str) -> bool:
-    return os.path.exists(os.path.join(run_dir, DONE_FILE))
-
-
-def _done_counters(run_dir: str) -> dict[str, Any] | None:
-    """The final counters a finished run wrote to DONE.json; None when it has none that read
-    (then the run is finished again from its last checkpoint, which rewrites the file)."""
-    try:
-        with open(os.path.join(run_dir, DONE_FILE)) as f:
-            done = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return done if isinstance(done, dict) and "step" in done else None
-
-
-def claim_run_dir(cfg: TrainConfig):
-    """Create the run directory, prove it writable and lock it for this process (a context
-    manager; process 0 locks, the others only check). ConfigError("run_dir", ...) when it
-    cannot be written or another training holds it; cheap, so it runs before data, model and
-    compile (and before a warm-start)."""
-    prepare_run_dir(cfg.run_dir)
-    return RunDirLock(cfg.run_dir) if dist.is_primary() else contextlib.nullcontext()
 
 
 def stop_requested() -> bool:
@@ -109,49 +82,6 @@ def optimizer_for(cfg: TrainConfig, base_lr: float, batch: int | None = None,
     tx = optim.make_optimizer(hp, warmup_steps=o.warmup_steps,
                               max_grad_norm=o.max_grad_norm or None)
     return tx, functools.partial(optim.current_lr, hp, warmup_steps=o.warmup_steps)
-
-
-class Inputs(NamedTuple):
-    """What a run reads before its weights: the tokenizer, the data and the model's config."""
-    tok: Any
-    train_src: Any
-    test_src: Any
-    model_cfg: Any
-    prompt_len: int
-
-
-def load_inputs(cfg: TrainConfig, sync_name: str = "load_splits") -> Inputs:
-    """The run's tokenizer, data and model config (a preset, or --hf_checkpoint's config.json
-    and safetensors headers: no tensor data), with every check that needs them (the
-    tokenizer file, its vocabulary against the model's, the answers against max_new_tokens,
-    the prompts against max_prompt_len and the context): a ConfigError naming the field, before
-    any weight is read or anything compiled. `sync_name`: the multi-process barrier around the
-    data build (one name per call site: a barrier is passed once)."""
-    try:
-        tok = load_tokenizer(cfg.tokenizer)
-    except ValueError as e:
-        raise ConfigError("tokenizer", " ".join(str(e).split()).rstrip("."),
-                          "point --tokenizer at the directory of the model's tokenizer.json, or "
-                          "use --tokenizer=char") from None
-    with dist.primary_first(sync_name):   # process 0 builds the data, then the rest read it
-        train_src, test_src = load_splits(cfg.task, cfg.task_kwargs, cfg.data_dir,
-                                          cfg.num_train_examples, cfg.num_test_examples)
-    sources = [("train", train_src), ("test", test_src)]
-    from jaxrl_scale.data.rewards import ANSWER_IN_RESPONSE
-    from jaxrl_scale.experiment.common import check_answer_room
-    if not cfg.reward_fn and cfg.task in ANSWER_IN_RESPONSE:
-        check_answer_room(tok, sources, cfg.max_new_tokens)
-    model_cfg = hf_model_config(cfg.hf_checkpoint) if cfg.hf_checkpoint else \
-        get_config(cfg.model)
-    if model_cfg.is_moe:
-        model_cfg = model_cfg.replace(moe_dispatch=cfg.moe_dispatch)
-    if tok.vocab_size > model_cfg.vocab_size:
-        raise ConfigError("tokenizer", f"its vocabulary of {tok.vocab_size} ids exceeds the "
-                          f"model's {model_cfg.vocab_size} logits", "use the model's own "
-                          "tokenizer, or a model with a larger vocabulary")
-    prompt_len = prompt_length(tok, sources, cfg.max_prompt_len, model_cfg.max_seq_len)
-    validate(cfg.replace(max_prompt_len=prompt_len), model_max_seq_len=model_cfg.max_seq_len)
-    return Inputs(tok, train_src, test_src, model_cfg, prompt_len)
 
 
 def _params(cfg: TrainConfig, model_cfg, mesh):
@@ -208,6 +138,8 @@ class Run:
         self.cfg = cfg
         self.tok, self.train_src, self.test_src, self.model_cfg, self.prompt_len = \
             load_inputs(cfg)
+        self.sampling = SamplingSettings(cfg.sampling, cfg.max_new_tokens, self.tok.eos_id,
+                                         self.tok.pad_id, cfg.generate_chunk)
         from jaxrl_scale.data import PromptStream, reward_for_task, user_reward
         # The engine admits one prompt group at a time; the example order is the same.
         self.stream = PromptStream(self.train_src, 1 if cfg.use_engine else cfg.prompts_per_step,
@@ -220,8 +152,7 @@ class Run:
 
         self.lora = cfg.lora
         if self.lora is not None:   # the model's own checks (an MoE model has no dense MLP)
-            from jaxrl_scale.experiment.config import _check_lora
-            _check_lora(cfg, self.model_cfg)
+            check_lora(cfg, self.model_cfg)
         tx, lr_fn = optimizer_for(cfg, cfg.optim.base_lr)
         # The initial train state(s): the loop's first LoopState (`initial_state`) and the
         # template of shapes and shardings for compiling and restoring; the update donates
@@ -358,12 +289,10 @@ class Run:
     # ------------------------------------------------------------------ rollout + update
 
     def sample(self, params, examples, group: int, seed, temperature: float) -> Rollout:
-        """`generate` over examples x group samples (rl/rollout.generate_rollout)."""
-        cfg, sc = self.cfg, self.cfg.sampling
+        """`generate` over examples x group samples at `temperature`
+        (rl/rollout.generate_rollout)."""
         return generate_rollout(self.model_cfg, params, examples, group, self.tok.encode,
-                                seed=seed, temperature=temperature, chunk=cfg.generate_chunk,
-                                max_new_tokens=cfg.max_new_tokens, top_k=sc.top_k,
-                                top_p=sc.top_p, eos_id=self.tok.eos_id, pad_id=self.tok.pad_id,
+                                self.sampling.with_temperature(temperature), seed=seed,
                                 mesh=self.mesh)
 
     def rewards(self, r: Rollout) -> tuple[np.ndarray, int]:
@@ -462,149 +391,13 @@ class Run:
                       "eval_prompts": len(self.eval_rows)}
 
 
-def eval_se(ok_PK: np.ndarray) -> float | None:
-    """SE of the eval score as an estimate of the policy's mean accuracy on this fixed prompt
-    set: sqrt(sum_p var_p / K) / P with var_p the unbiased within-prompt variance of K samples.
-
-    Every run is evaluated on the same prompts, so which prompts were drawn is common to all
-    of them and cancels in comparisons; what differs between two evals is the sampling of
-    responses. None with one sample per prompt (then the analysis uses eval_n, binomially).
-    """
-    P, K = ok_PK.shape
-    if K < 2:
-        return None
-    var_P = np.var(ok_PK.astype(np.float64), axis=1, ddof=1)
-    return float(np.sqrt(var_P.sum() / K) / P)
-
-
-def step_metrics(m: dict, micro_batch_size: int, max_grad_norm: float,
-                 critic: dict | None = None) -> dict[str, Any]:
-    """The update's metrics as JSON, under the step's own names (README, "Metrics"): scalars
-    as floats, micro-batch norms as lists; adds micro_batch_size and whether clipping acted.
-
-    critic: the PPO critic's schedule {"critic_updates", "critic_batch",
-    "critic_micro_batch_size"}, recorded as is. With several critic updates per rollout its
-    metrics carry a leading [updates] axis and are logged as means over the updates (the
-    squared norms stay unbiased estimates of E|g|^2 at the critic's own batch sizes, which
-    the noise scale reads from these fields).
-    """
-    out: dict[str, Any] = dict(critic or {})
-    reduce = bool(critic) and critic["critic_updates"] > 1
-    for k, v in m.items():
-        if k.endswith("grads"):
-            continue
-        a = np.asarray(v)
-        if reduce and k.startswith("critic_"):
-            a = a.mean(axis=0)
-        out[k] = a.reshape(-1).tolist() if a.ndim else float(a)
-    out["micro_batch_size"] = micro_batch_size
-    if max_grad_norm:
-        out["clipped"] = bool(out["actor_grad_norm"] > max_grad_norm)
-    return out
-
-
-# What the step-0 eval depends on: the initial params, the eval prompts and the sampler.
-_EVAL0_FIELDS = ("model", "hf_checkpoint", "init_checkpoint", "tokenizer", "task", "task_kwargs",
-                 "data_dir", "num_train_examples", "num_test_examples", "max_prompt_len",
-                 "eval_prompts", "eval_samples", "eval_mode", "temperature", "top_k", "top_p",
-                 "max_new_tokens", "seed", "generate_chunk")
-
-
-def initial_eval(run: "Run", loop: LoopState, cache_dir: str | None = None
-                 ) -> tuple[LoopState, dict[str, Any]]:
-    """run.evaluate(loop) at step 0, shared through `cache_dir` by runs whose _EVAL0_FIELDS agree.
-
-    The step-0 eval is a pure function of those fields (same params, prompts and sampling
-    seed), so the runs of a sweep that start from one warm-start checkpoint with the same seed
-    get bit-identical results; a cached copy saves one full eval per such run. The key
-    includes the checkpoint's modification time, so a retrained checkpoint is re-evaluated.
-    """
-    if not cache_dir:
-        return run.evaluate(loop)
-    flat = run.cfg.flat()
-    key = {k: flat[k] for k in _EVAL0_FIELDS}
-    for k in ("hf_checkpoint", "init_checkpoint"):
-        if key[k]:
-            key[k + "_mtime"] = os.path.getmtime(os.path.expanduser(key[k]))
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
-    path = os.path.join(cache_dir, digest[:20] + ".json")
-    # every process must take the same branch: the eval is a collective computation
-    cached = read_sealed_json(path) if dist.is_primary() else None
-    if bool(dist.broadcast(np.int32(cached is not None))):
-        if cached is None:   # process 0 checked the file; the others read it
-            with open(path) as f:
-                cached = json.load(f)
-        return loop, cached["eval"]
-    loop, ev = run.evaluate(loop)
-    if dist.is_primary():
-        os.makedirs(cache_dir, exist_ok=True)
-        write_json(path, sealed({"key": key, "eval": ev}), default=str)
-    return loop, ev
-
-
-# A run stops when this many updates in a row were all skipped as non-finite (optim's
-# skip_nonfinite_updates): a skipped update leaves the params as they were, so a transient
-# overflow costs one step and the next, on new prompts, usually goes through; five in a row
-# is a run that cannot move (an infinite lr, an overflowing loss) and must not report
-# "finished" after training on nothing. A run with 1% of its steps skipped at random trips
-# this with probability 1e-10 per step.
-NONFINITE_STREAK = 5
-
-
-class NonfiniteUpdatesError(ConfigError):
-    """The run's last NONFINITE_STREAK updates were all skipped as non-finite (one line, like
-    a bad input: the usual cause is an lr or reward scale the update cannot take)."""
-
-
-def skipped_streak(streak: int, count_before: float, rec: dict) -> tuple[int, float]:
-    """(consecutive skipped updates, actor_nonfinite_count) after the step whose record is
-    `rec`: the cumulative count grew = this update was skipped; a step without an update (all
-    groups filtered) neither extends nor breaks the streak."""
-    count = rec.get("actor_nonfinite_count")
-    if count is None:
-        return streak, count_before
-    return (streak + 1 if count > count_before else 0), count
-
-
-def _digest(payload: dict) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def sealed(payload: dict) -> dict:
-    """`payload` plus the sha256 of its canonical JSON, checked by `read_sealed_json`."""
-    return {**payload, "sha256": _digest(payload)}
-
-
-def read_sealed_json(path: str) -> dict | None:
-    """The payload of a `sealed` JSON file, or None when there is none to trust: missing, or
-    unreadable or not matching its digest (then moved aside to <path>.corrupt with a warning,
-    so the caller recomputes it; a cache entry must never feed a run silently wrong numbers)."""
-    if not os.path.exists(path):
-        return None
-    try:
-        with open(path) as f:
-            d = json.load(f)
-        ok = isinstance(d, dict) and d.pop("sha256", None) == _digest(d)
-    except (OSError, ValueError) as e:
-        d, ok = None, False
-        why = f"{type(e).__name__}: {str(e)[:200]}"
-    else:
-        why = "its sha256 does not match its contents"
-    if ok:
-        return d
-    warnings.warn(f"Cache file {path} is corrupt ({why}); moved to {path}.corrupt and "
-                  f"recomputed.", RuntimeWarning, stacklevel=2)
-    os.replace(path, path + ".corrupt")
-    return None
-
-
 def run_training(cfg: TrainConfig, *, progress: bool = True,
                  stop_after_steps: int | None = None,
                  eval0_cache: str | None = None) -> dict[str, Any]:
     """Train (or resume) in cfg.run_dir until max_steps / the response budget / the target.
 
     stop_after_steps: return early after this many steps of this call (tests simulate a crash).
-    eval0_cache: a directory where runs share their step-0 eval (see `initial_eval`).
+    eval0_cache: a directory where runs share their step-0 eval (see eval_cache.initial_eval).
     Returns the final record with "finished" True when the run reached its end.
 
     Multi-process (after `dist.initialize`): every process calls this with the same cfg and
@@ -613,7 +406,7 @@ def run_training(cfg: TrainConfig, *, progress: bool = True,
     config.json, metrics.jsonl, the metric writers and DONE.json.
     """
     check_resume(cfg)   # a directory of another configuration is refused, before any work
-    done = _done_counters(cfg.run_dir)
+    done = done_counters(cfg.run_dir)
     if done is not None:   # nothing to do, nothing to write (the directory may be read-only)
         return {**done, "finished": True}
     with claim_run_dir(cfg):   # writable and ours, before data, model and compile

@@ -29,7 +29,7 @@ import numpy as np
 
 from jaxrl_scale import distributed as dist
 from jaxrl_scale.models.tokenizer import decode_response
-from jaxrl_scale.sampling import generate
+from jaxrl_scale.sampling import SamplingConfig, generate
 
 
 def _static(default=None):
@@ -79,16 +79,33 @@ def _as_key(seed):
     return jax.random.PRNGKey(seed) if isinstance(seed, int) else seed
 
 
-def generate_rollout(model_cfg, params, examples: Sequence[dict], group: int, encode, *,
-                     seed, temperature: float, chunk: int, max_new_tokens: int, top_k: int,
-                     top_p: float, eos_id, pad_id: int, mesh=None) -> Rollout:
-    """`generate` over `examples` x `group` samples, in calls of at most `chunk` rows: chunk
-    c samples with fold_in(seed, c); a single chunk with the seed itself."""
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+    """How `generate_rollout` samples: the strategy (temperature, top_k, top_p), the response
+    cap, the tokenizer's EOS and pad ids, and the rows per `generate` call (`chunk`)."""
+
+    strategy: SamplingConfig
+    max_new_tokens: int
+    eos_id: Optional[int]
+    pad_id: int
+    chunk: int
+
+    def with_temperature(self, temperature: float) -> "SamplingSettings":
+        """The same settings at another temperature (0.0: greedy)."""
+        return dataclasses.replace(self, strategy=dataclasses.replace(
+            self.strategy, temperature=temperature))
+
+
+def generate_rollout(model_cfg, params, examples: Sequence[dict], group: int, encode,
+                     settings: SamplingSettings, *, seed, mesh=None) -> Rollout:
+    """`generate` over `examples` x `group` samples, in calls of at most settings.chunk rows:
+    chunk c samples with fold_in(seed, c); a single chunk with the seed itself."""
+    s, rule, chunk = settings, settings.strategy, settings.chunk
     prompts = [encode(e["prompt"]) for e in examples for _ in range(group)]
     t0 = time.perf_counter()
-    outs = [generate(model_cfg, params, prompts[i:i + chunk], max_new_tokens=max_new_tokens,
-                     temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id,
-                     pad_id=pad_id, mesh=mesh,
+    outs = [generate(model_cfg, params, prompts[i:i + chunk], max_new_tokens=s.max_new_tokens,
+                     temperature=rule.temperature, top_k=rule.top_k, top_p=rule.top_p,
+                     eos_id=s.eos_id, pad_id=s.pad_id, mesh=mesh,
                      seed=seed if len(prompts) <= chunk else
                      jax.random.fold_in(_as_key(seed), i // chunk))
             for i in range(0, len(prompts), chunk)]
@@ -141,4 +158,5 @@ class LoopState:
         return dataclasses.replace(self, **kw)
 
 
-__all__ = ["LoopState", "Rollout", "generate_rollout", "score_rollout", "staleness_metrics"]
+__all__ = ["LoopState", "Rollout", "SamplingSettings", "generate_rollout", "score_rollout",
+           "staleness_metrics"]

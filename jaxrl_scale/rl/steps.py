@@ -12,11 +12,11 @@ of length S: logp_BS = log pi(tokens[:, 1:] | logits[:, :-1]), mask_BS = loss_ma
 Batch-size invariance (docs/SCIENCE.md section 2). The loss normaliser (valid-token count for
 token-mean, row counts for the seq-mean modes) is computed from the whole update batch before it
 is split, turned into per-token weights w with sum(x * w) == aggregate(x, mask, agg), and every
-micro-batch contributes sum(x * w) over its rows. Gradients are summed in a `lax.scan`, so the
-update does not depend on the micro-batch count M. Rows are prompt-major (group i is rows
-i*G .. i*G + G - 1) and micro-batch m holds whole groups m, m + M, m + 2M, ...: a group is
-never split (the noise-scale estimator must see between-prompt variance, section 5), and every
-micro-batch still spans all data-parallel shards.
+micro-batch contributes sum(x * w) over its rows. Gradients are summed in a `lax.scan`
+(rl/microbatch.py), so the update does not depend on the micro-batch count M. Rows are
+prompt-major (group i is rows i*G .. i*G + G - 1) and micro-batch m holds whole groups m, m + M,
+m + 2M, ...: a group is never split (the noise-scale estimator must see between-prompt
+variance, section 5), and every micro-batch still spans all data-parallel shards.
 
 Gradient noise (section 5). `actor_grad_sqnorm_micro` [M] holds |g_m|^2 where g_m is the gradient of
 the loss micro-batch m alone would give under the same aggregation (the "small batch" of the
@@ -26,14 +26,13 @@ critic). These are the names of docs/API.md: the loop logs the step's metrics un
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
-import optax
 
-from jaxrl_scale import optim
 from jaxrl_scale import sharding as shd
 from jaxrl_scale.models.config import ModelConfig
 from jaxrl_scale.models import lora, moe
@@ -42,6 +41,8 @@ from jaxrl_scale.models.decoder import (
 from jaxrl_scale.rl import losses
 from jaxrl_scale.rl.batch import RolloutBatch
 from jaxrl_scale.rl.config import LossConfig, StepOptions  # noqa: F401 (LossConfig re-exported)
+from jaxrl_scale.rl.microbatch import (accumulate_grads, apply_grads, check_rows, f32,
+                                       multi_update, split_rows, sqnorm)
 from jaxrl_scale.rl.state import TrainState, state_shardings
 from jaxrl_scale.rl.value import critic_values
 
@@ -52,24 +53,20 @@ sg = jax.lax.stop_gradient
 # ----------------------------------------------------------------------------- normalisers
 
 
-def _f32(x):
-    return jnp.asarray(x, jnp.float32)
-
-
 def _norm_parts(mask_BS: Array, agg: str) -> tuple[Array, Array]:
     """(row_scale_B, denominator) with aggregate(x, m, agg) == sum(x m row_scale) / denominator.
 
     The denominators are guarded exactly like `losses.aggregate` (max(., 1)), so all-masked
     rows and batches give 0, never NaN.
     """
-    m_BS = _f32(mask_BS)
+    m_BS = f32(mask_BS)
     B, S = m_BS.shape
     count_B = jnp.sum(m_BS, axis=1)
     ones_B = jnp.ones([B], jnp.float32)
     if agg == "token-mean":
         return ones_B, jnp.maximum(jnp.sum(m_BS), 1.0)
     if agg == "seq-mean-token-mean":
-        return 1.0 / jnp.maximum(count_B, 1.0), jnp.maximum(jnp.sum(_f32(count_B > 0)), 1.0)
+        return 1.0 / jnp.maximum(count_B, 1.0), jnp.maximum(jnp.sum(f32(count_B > 0)), 1.0)
     if agg == "seq-mean-token-sum":
         return ones_B, jnp.full([], float(B), jnp.float32)
     if agg == "seq-mean-token-sum-norm":
@@ -80,7 +77,7 @@ def _norm_parts(mask_BS: Array, agg: str) -> tuple[Array, Array]:
 def token_weights(mask_BS: Array, agg: str) -> Array:
     """Per-token weights w_BS with sum(x * w) == losses.aggregate(x, mask, agg) for any x."""
     row_scale_B, denom = _norm_parts(mask_BS, agg)
-    return _f32(mask_BS) * row_scale_B[:, None] / denom
+    return f32(mask_BS) * row_scale_B[:, None] / denom
 
 
 def _weighted_sum(loss_fn, *args, weights_BS, **kw):
@@ -91,99 +88,6 @@ def _weighted_sum(loss_fn, *args, weights_BS, **kw):
     """
     loss, _ = loss_fn(*args, weights_BS, agg="seq-mean-token-sum", **kw)
     return loss * weights_BS.shape[0]
-
-
-# ----------------------------------------------------------------------------- accumulation
-
-
-def _split_rows(x: Array, parts: int, group: int = 1) -> Array:
-    """[B, ...] -> [parts, B / parts, ...]; part m holds the row blocks of size ``group``
-    numbered m, m + parts, m + 2 parts, ... (whole groups, in order)."""
-    B = x.shape[0]
-    x = x.reshape(B // (parts * group), parts, group, *x.shape[1:])
-    return jnp.swapaxes(x, 0, 1).reshape(parts, B // parts, *x.shape[3:])
-
-
-def _sqnorm(tree) -> Array:
-    return sum(jnp.sum(jnp.square(_f32(x))) for x in jax.tree_util.tree_leaves(tree))
-
-
-def _check_rows(B: int, parts: int, what: str, group: int = 1):
-    if parts < 1 or B % (parts * group):
-        per = f" groups of {group} rows" if group > 1 else " batch rows"
-        raise ValueError(f"{what}={parts} must be >= 1 and divide the {B // group}{per}")
-
-
-def accumulate_grads(loss_fn: Callable, params: Any, data: dict[str, Array],
-                     micro_batches: int = 1, group_size: int = 1):
-    """Sum the gradients of `loss_fn(params, micro_batch)` over M micro-batches in a lax.scan.
-
-    Micro-batches hold whole groups of `group_size` consecutive rows (see `_split_rows`).
-    loss_fn returns (loss, (additive, token_sums, scale)): `additive` metrics are summed over
-    micro-batches, `token_sums` are summed too (the caller divides by the token count), and
-    `scale` turns the micro-batch's share of the gradient into the gradient of its own loss.
-    Returns (grads float32, loss, additive, token_sums, grad_sqnorm_micro [M]).
-    """
-    M, G = int(micro_batches), int(group_size)
-    B = jax.tree_util.tree_leaves(data)[0].shape[0]
-    _check_rows(B, M, "micro_batches", G)
-    split = jax.tree.map(lambda x: _split_rows(x, M, G), data)
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-
-    def body(acc, mb):
-        (loss, (additive, token_sums, scale)), g = grad_fn(params, mb)
-        acc = jax.tree.map(lambda a, x: a + _f32(x), acc, g)
-        return acc, (loss, additive, token_sums, _sqnorm(g) * jnp.square(scale))
-
-    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-    grads, (loss_M, add_M, sums_M, sq_M) = jax.lax.scan(body, zeros, split)
-    total = functools.partial(jnp.sum, axis=0)
-    return grads, jnp.sum(loss_M), jax.tree.map(total, add_M), jax.tree.map(total, sums_M), sq_M
-
-
-def _schedule_count(opt_state, default):
-    """The step count the lr schedule will see in this update (optax ScaleByScheduleState)."""
-    found = [x for x in jax.tree_util.tree_leaves(
-        opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByScheduleState))
-        if isinstance(x, optax.ScaleByScheduleState)]
-    return found[0].count if found else default
-
-
-def apply_grads(state: TrainState, grads: Any, tx: optax.GradientTransformation,
-                lr_fn: Optional[Callable] = None) -> tuple[TrainState, dict[str, Array]]:
-    """One optimizer update; logs the lr actually used and the skipped-update counter."""
-    metrics = {}
-    if lr_fn is not None:
-        metrics["lr"] = _f32(lr_fn(_schedule_count(state.opt_state, state.step)))
-    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    rng, _ = jax.random.split(state.rng)
-    metrics["nonfinite_count"] = optim.nonfinite_count(opt_state)
-    new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1, rng=rng)
-    return new_state, metrics
-
-
-def _multi_update(one_update: Callable, state: TrainState, data: dict[str, Array],
-                  num_minibatches: int, epochs: int):
-    """`epochs` passes over `num_minibatches` row splits, one optimizer update each.
-
-    U = 1 (the default protocol) returns that update's metrics; otherwise every metric gets a
-    leading [U] axis in update order.
-    """
-    K, E = int(num_minibatches), int(epochs)
-    if K == 1 and E == 1:
-        return one_update(state, data)
-    if E < 1:
-        raise ValueError(f"epochs={E} must be >= 1")
-    B = jax.tree_util.tree_leaves(data)[0].shape[0]
-    _check_rows(B, K, "num_minibatches")
-    split = jax.tree.map(lambda x: _split_rows(x, K), data)
-    per_epoch = []
-    for _ in range(E):
-        state, m = jax.lax.scan(one_update, state, split)
-        per_epoch.append(m)
-    return state, jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *per_epoch)
 
 
 # ----------------------------------------------------------------------------- actor (policy)
@@ -199,13 +103,13 @@ def _actor_data(batch, advantages_BS: Array, loss_cfg: LossConfig) -> dict[str, 
                          f"log-probs in batch.ref_logp_BT (see steps.score_tokens)")
     data = dict(tokens_BT=jnp.asarray(batch.tokens_BT, jnp.int32),
                 valid_BT=jnp.asarray(batch.valid_BT, bool),
-                mask_BS=_f32(_action_frame(batch.loss_mask_BT)),
-                old_logp_BS=_f32(_action_frame(batch.old_logp_BT)),
-                adv_BS=_f32(advantages_BS))
+                mask_BS=f32(_action_frame(batch.loss_mask_BT)),
+                old_logp_BS=f32(_action_frame(batch.old_logp_BT)),
+                adv_BS=f32(advantages_BS))
     if batch.ref_logp_BT is not None:
-        data["ref_logp_BS"] = _f32(_action_frame(batch.ref_logp_BT))
+        data["ref_logp_BS"] = f32(_action_frame(batch.ref_logp_BT))
     if batch.prox_logp_BT is not None:
-        data["prox_logp_BS"] = _f32(_action_frame(batch.prox_logp_BT))
+        data["prox_logp_BS"] = f32(_action_frame(batch.prox_logp_BT))
     return data
 
 
@@ -213,7 +117,7 @@ def _grpo_advantages_BS(batch: RolloutBatch, group_size: int, estimator: str) ->
     """Group-relative advantages of the outcome rewards, broadcast over each row's actions.
 
     Computed from the whole batch before any micro-batch split (groups are never split)."""
-    adv_B = losses.group_advantages(_f32(batch.rewards_B), group_size, estimator=estimator)
+    adv_B = losses.group_advantages(f32(batch.rewards_B), group_size, estimator=estimator)
     S = batch.tokens_BT.shape[1] - 1
     return jnp.broadcast_to(adv_B[:, None], (adv_B.shape[0], S))
 
@@ -309,50 +213,52 @@ def _actor_loss_fn(cfg: ModelConfig, loss_cfg: LossConfig, remat: bool, global_d
 def _finish(additive, token_sums, n_tok, sq_M, grads):
     metrics = dict(additive)
     metrics.update({k: v / jnp.maximum(n_tok, 1.0) for k, v in token_sums.items()})
-    sq = _sqnorm(grads)
+    sq = sqnorm(grads)
     metrics.update(grad_sqnorm_micro=sq_M, grad_sqnorm=sq, grad_norm=jnp.sqrt(sq),
                    tokens=n_tok)
     return metrics
 
 
-def _policy_grads(params: Any, data: dict[str, Array], *, cfg: ModelConfig,
-                  loss_cfg: LossConfig, micro_batches: int = 1, remat: bool = False,
-                  group_size: int = 1, shared_prompt_len: int = 0, frozen: Any = None,
-                  lora_scale: Optional[float] = None):
-    """Gradients (float32) and metrics of the policy loss over one update batch (action frame).
+def _policy_grads(params: Any, data: dict[str, Array], o: StepOptions, frozen: Any = None):
+    """Gradients (float32) and metrics of the policy loss over one update batch (action frame),
+    under o's model, loss, remat, micro-batches, groups and shared prompt.
 
-    frozen (LoRA): the base params; `params` are then the adapters, the only leaves the
-    gradients (and so the optimizer) see."""
-    row_scale_B, denom = _norm_parts(data["mask_BS"], loss_cfg.agg)
+    frozen (LoRA): the base params; `params` are then the adapters (composed with it at
+    o.lora_scale), the only leaves the gradients (and so the optimizer) see."""
+    cfg, lc = o.cfg, o.loss_cfg
+    row_scale_B, denom = _norm_parts(data["mask_BS"], lc.agg)
     data = dict(data, w_BS=data["mask_BS"] * row_scale_B[:, None] / denom)
     if cfg.is_moe:  # each row's share of the valid tokens, for the router aux loss
-        n_B = jnp.sum(_f32(data["valid_BT"]), axis=1)
+        n_B = jnp.sum(f32(data["valid_BT"]), axis=1)
         data["aux_share_B"] = n_B / jnp.maximum(jnp.sum(n_B), 1.0)
-    loss_fn = _actor_loss_fn(cfg, loss_cfg, remat, denom, shared_prompt_len, group_size)
+    loss_fn = _actor_loss_fn(cfg, lc, o.remat, denom, o.shared_prompt_len, o.group_size)
     if frozen is not None:
-        if lora_scale is None:
+        if o.lora_scale is None:
             raise ValueError("a train state with frozen (LoRA base) params needs "
                              "StepOptions.lora_scale (alpha / r)")
         full_loss_fn = loss_fn
 
         def loss_fn(adapters, mb):
-            return full_loss_fn(lora.compose(frozen, adapters, lora_scale), mb)
-    grads, _, additive, token_sums, sq_M = accumulate_grads(loss_fn, params, data, micro_batches,
-                                                            group_size)
+            return full_loss_fn(lora.compose(frozen, adapters, o.lora_scale), mb)
+    grads, _, additive, token_sums, sq_M = accumulate_grads(loss_fn, params, data,
+                                                            o.micro_batches, o.group_size)
     return grads, _finish(additive, token_sums, jnp.sum(data["mask_BS"]), sq_M, grads)
 
 
-def _policy_update(state, data, *, cfg, tx, loss_cfg, micro_batches, remat, lr_fn,
-                   with_grads=False, group_size=1, shared_prompt_len=0, lora_scale=None):
-    grads, metrics = _policy_grads(state.params, data, cfg=cfg, loss_cfg=loss_cfg,
-                                   micro_batches=micro_batches, remat=remat,
-                                   group_size=group_size, shared_prompt_len=shared_prompt_len,
-                                   frozen=state.frozen, lora_scale=lora_scale)
+def _optimizer_step(state: TrainState, grads: Any, metrics: dict, tx, lr_fn, with_grads: bool):
+    """`apply_grads` with `tx` / `lr_fn`; its metrics (and with_grads the gradients) join the
+    update's."""
     state, opt_metrics = apply_grads(state, grads, tx, lr_fn)
     metrics.update(opt_metrics)
     if with_grads:
         metrics["grads"] = grads
     return state, metrics
+
+
+def _policy_update(state: TrainState, data: dict[str, Array], o: StepOptions):
+    """One optimizer update of the policy (PPO: the actor) with o.tx and o.lr_fn."""
+    grads, metrics = _policy_grads(state.params, data, o, state.frozen)
+    return _optimizer_step(state, grads, metrics, o.tx, o.lr_fn, o.with_grads)
 
 
 # Metrics of one network's update that both algorithms log: named actor_* / critic_* in the
@@ -396,11 +302,8 @@ def grpo_step(state: TrainState, batch: RolloutBatch, options: StepOptions):
                          f"(got {o.num_minibatches}): minibatches split the prompt groups")
     adv_BS = _grpo_advantages_BS(batch, o.group_size, o.loss_cfg.advantage)
     data = _actor_data(batch, adv_BS, o.loss_cfg)
-    update = functools.partial(_policy_update, cfg=o.cfg, tx=o.tx, loss_cfg=o.loss_cfg,
-                               micro_batches=o.micro_batches, remat=o.remat, lr_fn=o.lr_fn,
-                               with_grads=o.with_grads, group_size=o.group_size,
-                               shared_prompt_len=o.shared_prompt_len, lora_scale=o.lora_scale)
-    state, metrics = _multi_update(update, state, data, o.num_minibatches, o.epochs)
+    update = functools.partial(_policy_update, o=o)
+    state, metrics = multi_update(update, state, data, o.num_minibatches, o.epochs)
     return state, _named(metrics, "actor")
 
 
@@ -417,8 +320,8 @@ def score_tokens(cfg: ModelConfig, params: Any, tokens_BT: Array, valid_BT: Arra
         logits = forward(cfg, params, mb[0], mb[1])
         return None, losses.token_logprobs(logits[:, :-1], mb[0][:, 1:], temperature)
 
-    _check_rows(tokens_BT.shape[0], micro_batches, "micro_batches")
-    split = (_split_rows(tokens_BT, micro_batches), _split_rows(valid_BT, micro_batches))
+    check_rows(tokens_BT.shape[0], micro_batches, "micro_batches")
+    split = (split_rows(tokens_BT, micro_batches), split_rows(valid_BT, micro_batches))
     _, logp_MbS = jax.lax.scan(one, None, split)
     logp_BS = jnp.swapaxes(logp_MbS, 0, 1).reshape(tokens_BT.shape[0], -1)
     return sg(jnp.pad(logp_BS, ((0, 0), (1, 0))))
@@ -429,19 +332,19 @@ def _critic_values_BS(cfg, params, tokens_BT, valid_BT, micro_batches):
     def one(_, mb):
         return None, critic_values(cfg, params, mb[0], mb[1])[:, :-1]
 
-    split = (_split_rows(tokens_BT, micro_batches), _split_rows(valid_BT, micro_batches))
+    split = (split_rows(tokens_BT, micro_batches), split_rows(valid_BT, micro_batches))
     _, v_MbS = jax.lax.scan(one, None, split)
     return sg(jnp.swapaxes(v_MbS, 0, 1).reshape(tokens_BT.shape[0], -1))
 
 
 def final_token_rewards(rewards_B: Array, mask_BS: Array) -> Array:
     """rewards_BS: the outcome reward on each row's last valid action, 0 elsewhere."""
-    m_BS = _f32(mask_BS)
+    m_BS = f32(mask_BS)
     S = m_BS.shape[1]
     last_B = S - 1 - jnp.argmax(m_BS[:, ::-1] > 0, axis=1)
     has_B = jnp.any(m_BS > 0, axis=1)
     onehot_BS = jax.nn.one_hot(last_B, S, dtype=jnp.float32)
-    return onehot_BS * jnp.where(has_B, _f32(rewards_B), 0.0)[:, None]
+    return onehot_BS * jnp.where(has_B, f32(rewards_B), 0.0)[:, None]
 
 
 def _critic_loss_fn(cfg, loss_cfg, remat, global_denom):
@@ -461,25 +364,22 @@ def _critic_loss_fn(cfg, loss_cfg, remat, global_denom):
     return loss_fn
 
 
-def _critic_update(state, data, *, cfg, tx, loss_cfg, micro_batches, remat, lr_fn,
-                   with_grads=False):
-    row_scale_B, denom = _norm_parts(data["mask_BS"], loss_cfg.agg)
+def _critic_update(state: TrainState, data: dict[str, Array], o: StepOptions):
+    """One optimizer update of PPO's critic with o.critic_tx and o.critic_lr_fn."""
+    lc = o.loss_cfg
+    row_scale_B, denom = _norm_parts(data["mask_BS"], lc.agg)
     data = dict(data, w_BS=data["mask_BS"] * row_scale_B[:, None] / denom)
-    loss_fn = _critic_loss_fn(cfg, loss_cfg, remat, denom)
+    loss_fn = _critic_loss_fn(o.cfg, lc, o.remat, denom)
     grads, _, additive, token_sums, sq_M = accumulate_grads(loss_fn, state.params, data,
-                                                            micro_batches)
+                                                            o.micro_batches)
     metrics = _finish(additive, token_sums, jnp.sum(data["mask_BS"]), sq_M, grads)
-    state, opt_metrics = apply_grads(state, grads, tx, lr_fn)
-    metrics.update(opt_metrics)
-    if with_grads:
-        metrics["grads"] = grads
-    return state, metrics
+    return _optimizer_step(state, grads, metrics, o.critic_tx, o.critic_lr_fn, o.with_grads)
 
 
 def ppo_advantages(cfg: ModelConfig, critic_params: Any, batch: RolloutBatch, loss_cfg: LossConfig,
                    micro_batches: int = 1) -> dict[str, Array]:
     """Critic values of the rollout, GAE advantages (whitened, mask-aware) and returns [B, S]."""
-    mask_BS = _f32(_action_frame(batch.loss_mask_BT))
+    mask_BS = f32(_action_frame(batch.loss_mask_BT))
     values_BS = _critic_values_BS(cfg, critic_params, batch.tokens_BT, batch.valid_BT,
                                   micro_batches) * mask_BS
     rewards_BS = final_token_rewards(batch.rewards_B, mask_BS)
@@ -519,14 +419,13 @@ def ppo_step(actor_state: TrainState, critic_state: TrainState, batch: RolloutBa
     critic_data = dict(tokens_BT=actor_data["tokens_BT"], valid_BT=actor_data["valid_BT"],
                        mask_BS=gae_out["mask_BS"], old_values_BS=gae_out["values_BS"],
                        returns_BS=gae_out["returns_BS"])
-    common = dict(cfg=o.cfg, loss_cfg=o.loss_cfg, micro_batches=o.micro_batches,
-                  remat=o.remat, with_grads=o.with_grads)
-    actor_update = functools.partial(_policy_update, tx=o.tx, lr_fn=o.lr_fn, **common)
-    critic_update = functools.partial(_critic_update, tx=o.critic_tx, lr_fn=o.critic_lr_fn,
-                                      **common)
-    actor_state, am = _multi_update(actor_update, actor_state, actor_data,
+    # one response per prompt: GRPO's groups and shared prompt are not the actor's
+    actor_update = functools.partial(_policy_update, o=dataclasses.replace(
+        o, group_size=1, shared_prompt_len=0))
+    critic_update = functools.partial(_critic_update, o=o)
+    actor_state, am = multi_update(actor_update, actor_state, actor_data,
                                     o.num_minibatches, o.epochs)
-    critic_state, cm = _multi_update(
+    critic_state, cm = multi_update(
         critic_update, critic_state, critic_data,
         o.num_minibatches if o.critic_minibatches is None else o.critic_minibatches,
         o.epochs if o.critic_epochs is None else o.critic_epochs)

@@ -1,0 +1,75 @@
+"""What the training loop's records hold, from the step's outputs: the update's metrics as
+JSON (`step_metrics`), the eval score's standard error (`eval_se`), and the streak of skipped
+non-finite updates that stops a run that cannot learn (`skipped_streak`)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from jaxrl_scale.experiment.errors import ConfigError
+
+
+def eval_se(ok_PK: np.ndarray) -> float | None:
+    """SE of the eval score as an estimate of the policy's mean accuracy on this fixed prompt
+    set: sqrt(sum_p var_p / K) / P with var_p the unbiased within-prompt variance of K samples.
+
+    Every run is evaluated on the same prompts, so which prompts were drawn is common to all
+    of them and cancels in comparisons; what differs between two evals is the sampling of
+    responses. None with one sample per prompt (then the analysis uses eval_n, binomially).
+    """
+    P, K = ok_PK.shape
+    if K < 2:
+        return None
+    var_P = np.var(ok_PK.astype(np.float64), axis=1, ddof=1)
+    return float(np.sqrt(var_P.sum() / K) / P)
+
+
+def step_metrics(m: dict, micro_batch_size: int, max_grad_norm: float,
+                 critic: dict | None = None) -> dict[str, Any]:
+    """The update's metrics as JSON, under the step's own names (README, "Metrics"): scalars
+    as floats, micro-batch norms as lists; adds micro_batch_size and whether clipping acted.
+
+    critic: the PPO critic's schedule {"critic_updates", "critic_batch",
+    "critic_micro_batch_size"}, recorded as is. With several critic updates per rollout its
+    metrics carry a leading [updates] axis and are logged as means over the updates (the
+    squared norms stay unbiased estimates of E|g|^2 at the critic's own batch sizes, which
+    the noise scale reads from these fields).
+    """
+    out: dict[str, Any] = dict(critic or {})
+    reduce = bool(critic) and critic["critic_updates"] > 1
+    for k, v in m.items():
+        if k.endswith("grads"):
+            continue
+        a = np.asarray(v)
+        if reduce and k.startswith("critic_"):
+            a = a.mean(axis=0)
+        out[k] = a.reshape(-1).tolist() if a.ndim else float(a)
+    out["micro_batch_size"] = micro_batch_size
+    if max_grad_norm:
+        out["clipped"] = bool(out["actor_grad_norm"] > max_grad_norm)
+    return out
+
+
+# A run stops when this many updates in a row were all skipped as non-finite (optim's
+# skip_nonfinite_updates): a skipped update leaves the params as they were, so a transient
+# overflow costs one step and the next, on new prompts, usually goes through; five in a row
+# is a run that cannot move (an infinite lr, an overflowing loss) and must not report
+# "finished" after training on nothing. A run with 1% of its steps skipped at random trips
+# this with probability 1e-10 per step.
+NONFINITE_STREAK = 5
+
+
+class NonfiniteUpdatesError(ConfigError):
+    """The run's last NONFINITE_STREAK updates were all skipped as non-finite (one line, like
+    a bad input: the usual cause is an lr or reward scale the update cannot take)."""
+
+
+def skipped_streak(streak: int, count_before: float, rec: dict) -> tuple[int, float]:
+    """(consecutive skipped updates, actor_nonfinite_count) after the step whose record is
+    `rec`: the cumulative count grew = this update was skipped; a step without an update (all
+    groups filtered) neither extends nor breaks the streak."""
+    count = rec.get("actor_nonfinite_count")
+    if count is None:
+        return streak, count_before
+    return (streak + 1 if count > count_before else 0), count
