@@ -138,7 +138,7 @@ _VALUES = [
 @pytest.mark.parametrize("value, want", _VALUES, ids=[repr(v)[:20] for v, _ in _VALUES])
 def test_rewards_are_finite_real_numbers(value, want):
     """Strings (even "1.0"), None, NaN, inf, |r| beyond float32 and containers score 0 and
-    count as failures (README: "an exception, a timeout or a non-number scores 0"); bools,
+    count as failures (docs/usage.md: "an exception, a timeout or a non-number scores 0"); bools,
     ints, floats and numpy scalars are rewards, kept as float32."""
     r = RewardFn(lambda response, example: value)
     out = r.score_batch(["x", "y"], [{}])

@@ -27,7 +27,7 @@ def eval_se(ok_PK: np.ndarray) -> float | None:
 
 def step_metrics(m: dict, micro_batch_size: int, max_grad_norm: float,
                  critic: dict | None = None) -> dict[str, Any]:
-    """The update's metrics as JSON, under the step's own names (README, "Metrics"): scalars
+    """The update's metrics as JSON, under the step's own names (docs/usage.md, "Metrics"): scalars
     as floats, micro-batch norms as lists; adds micro_batch_size and whether clipping acted.
 
     critic: the PPO critic's schedule {"critic_updates", "critic_batch",

@@ -20,7 +20,8 @@ import sys
 import time
 
 from jaxrl_scale.experiment.config import TrainConfig
-from jaxrl_scale.experiment.sweep import SweepConfig, enable_compile_cache, plan, timing_pass
+from jaxrl_scale.experiment.sweep import SweepConfig, enable_compile_cache, plan
+from jaxrl_scale.experiment.timing import timing_pass
 from jaxrl_scale.numbers import write_json
 from jaxrl_scale.scaling import drift
 from jaxrl_scale.scaling.analysis import analyze_sweep
