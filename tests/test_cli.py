@@ -16,6 +16,11 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# Off-policy correction (LossConfig.is_cap / ratio_level): also run alone, by name (-k is_cap).
+OFFPOLICY_ROWS = [
+    ("--is_cap=-1", "is_cap"), ("--is_cap=0.5", "is_cap"), ("--is_cap=inf", "is_cap"),
+    ("--ratio_level=seq", "ratio_level"),
+]
 TRAIN_ROWS = [
     ("--algo=foo", "algo"), ("--group_size=1", "group_size"), ("--algo=ppo", "group_size"),
     ("--prompts_per_step=0", "prompts_per_step"), ("--base_lr=0", "base_lr"),
@@ -62,6 +67,7 @@ TRAIN_ROWS = [
     ("--lora_targets=q,q", "lora_targets"), ("--lora_rank=4 --lora_targets=", "lora_targets"),
     ("--lora_rank=4 --algo=ppo --group_size=1", "lora_rank"),
     ("--lora_rank=4 --model=moe_cpu", "lora_targets"),
+    *OFFPOLICY_ROWS,
     # multi-process launch settings (jaxrl_scale/cli: checked before jax.distributed starts)
     ("--num_processes=0", "num_processes"),
     ("--coordinator_address=127.0.0.1:1234", "num_processes"), ("--process_id=1", "process_id"),
@@ -175,6 +181,14 @@ def test_train_bad_inputs_one_line_each(tmp_path):
     _check(results, rows)
     moved = [r for r in results if "prompts_per_step=16" in r["row"]][0]["stderr"]
     assert "saved 32, now 16" in moved and "max_steps" in moved   # what may change is listed
+
+
+def test_train_is_cap_and_ratio_level_bad_inputs_one_line_each(tmp_path):
+    rows = OFFPOLICY_ROWS + [("--is_cap=2 --ratio_level=sequence --max_steps=1", "REACHED")]
+    results = _table(tmp_path, "jaxrl_scale.cli.train", rows)
+    _check(results, rows)
+    capped = [r for r in results if "0.5" in r["row"]][0]["stderr"]
+    assert "down-weight on-policy tokens" in capped
 
 
 def test_sweep_bad_inputs_one_line_each(tmp_path):

@@ -13,7 +13,7 @@ from jaxrl_scale.experiment.checks import (check_eval_mode, check_lora, check_me
                                            check_reward, check_task, check_wandb)
 from jaxrl_scale.experiment.errors import ConfigError  # noqa: F401  (re-exported)
 from jaxrl_scale.optim import ADAM_RULES
-from jaxrl_scale.rl.config import LOSS_CHOICES, LossConfig
+from jaxrl_scale.rl.config import LOSS_CHOICES, LossConfig, invalid_is_cap
 from jaxrl_scale.sampling.rules import SamplingConfig
 
 ALGOS = ("grpo", "ppo")
@@ -309,6 +309,9 @@ def check_fields(flat: dict[str, Any]) -> None:
         if name in _enums() and v not in _enums()[name]:
             raise _err(name, f"{v!r} is unknown", f"use one of {', '.join(_enums()[name])}")
     check_ranges(flat, RANGES, INT_FIELDS)
+    if "is_cap" in flat and invalid_is_cap(flat["is_cap"]):   # 0, or finite and >= 1
+        raise _err("is_cap", f"{flat['is_cap']} {invalid_is_cap(flat['is_cap'])}",
+                   "use e.g. --is_cap=2, or --is_cap=0 to disable")
 
 
 def check_ranges(flat: dict[str, Any], ranges: dict[str, tuple[float, float, bool]],

@@ -9,13 +9,14 @@ importing rl/steps.py. The loss's named choices are checked here once (`LOSS_CHO
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Optional
 
 from jaxrl_scale.rl import losses
 
 # LossConfig fields that name one of a fixed set of choices.
 LOSS_CHOICES = {"advantage": losses.ADVANTAGE_ESTIMATORS, "agg": losses.AGG_MODES,
-                "kl_kind": losses.KL_KINDS}
+                "kl_kind": losses.KL_KINDS, "ratio_level": losses.RATIO_LEVELS}
 
 
 def invalid_choice(field: str, value: Any) -> Optional[str]:
@@ -41,6 +42,20 @@ class LossConfig:
     # are the pre-update policy when the batch makes one optimizer update) and weighted by
     # pi_prox / pi_behav against the behaviour log-probs in old_logp_BT.
     decoupled: bool = False
+    # Rollout/trainer mismatch. The batch's old_logp_BT are the sampler's ("rollout") log-probs;
+    # the "trainer" log-probs are the same tokens scored by the trainer at the pre-update params:
+    # batch.prox_logp_BT when given, else sg(logp) of the loss's own forward pass (one update
+    # per batch: the params being differentiated are the pre-update ones; with several, pass
+    # prox_logp_BT). is_cap = C > 0 (>= 1; 0 disables): truncated importance sampling (TIS,
+    # Yao et al. 2025; verl): the surrogate is clipped around the trainer's log-probs and each
+    # token's term weighted by sg(min(pi_trainer / pi_rollout, C)), i.e. decoupled PPO with the
+    # weight capped. With sampler == trainer the weights are exactly 1 and the update is
+    # plain PPO's. The step always logs mismatch_kl (losses.mismatch_kl: k3 of the same pair).
+    is_cap: float = 0.0
+    # "token": per-token ratios (PPO); "sequence": GSPO (Zheng et al. 2025), one ratio per
+    # response, exp of its mean token log-ratio, clipped by clip_low / clip_high (GSPO's
+    # own objective also averages per sequence: agg="seq-mean-token-mean").
+    ratio_level: str = "token"
     kl_coef: float = 0.0           # KL to a frozen reference; needs batch.ref_logp_BT
     kl_kind: str = "k3"
     entropy_coef: float = 0.0      # entropy bonus: loss -= coef * aggregate(entropy)
@@ -60,6 +75,23 @@ class LossConfig:
                 raise ValueError(why)
         if self.router_aux_coef < 0:
             raise ValueError(f"LossConfig.router_aux_coef={self.router_aux_coef} must be >= 0")
+        why = invalid_is_cap(self.is_cap)
+        if why:
+            raise ValueError(f"LossConfig.is_cap={self.is_cap} {why}")
+
+
+def invalid_is_cap(cap: float) -> Optional[str]:
+    """None when `cap` is a valid LossConfig.is_cap (0, or finite and >= 1), else why not."""
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)):
+        return "must be a number"
+    if cap == 0:
+        return None
+    if not (math.isfinite(cap) and cap > 0):
+        return "must be finite and > 0 (or 0 to disable)"
+    if cap < 1:
+        return ("is below 1: it would down-weight on-policy tokens (their weight is 1); "
+                "caps are >= 1, typically 2")
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,4 +136,4 @@ class StepOptions:
         return cls(**{cls.ALIASES.get(k, k): v for k, v in kw.items()})
 
 
-__all__ = ["LOSS_CHOICES", "LossConfig", "StepOptions", "invalid_choice"]
+__all__ = ["LOSS_CHOICES", "LossConfig", "StepOptions", "invalid_choice", "invalid_is_cap"]

@@ -19,6 +19,7 @@ ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo")
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
              "seq-mean-token-sum-norm")
 KL_KINDS = ("k1", "k2", "k3")
+RATIO_LEVELS = ("token", "sequence")
 
 # Log-ratios are clamped before exp(): e^20 is already meaningless as a ratio, e^89 overflows f32.
 _LOG_RATIO_BOUND = 20.0
@@ -207,7 +208,8 @@ def kl_penalty(logp_BT: Array, ref_logp_BT: Array, kind: str = "k3") -> Array:
 def policy_loss(logp_BT: Array, old_logp_BT: Array, advantages_BT: Array, mask_BT: Array, *,
                 clip_low: float = 0.2, clip_high: float = 0.2,
                 dual_clip: Optional[float] = None, agg: str = "token-mean",
-                prox_logp_BT: Optional[Array] = None) -> tuple[Array, dict[str, Array]]:
+                prox_logp_BT: Optional[Array] = None, is_cap: Optional[float] = None,
+                ratio_level: str = "token") -> tuple[Array, dict[str, Array]]:
     """PPO clipped surrogate (Schulman et al. 2017, eq. 7) with asymmetric and dual clipping.
 
       r = exp(clamp(logp - logp_old, -20, 20))
@@ -220,21 +222,38 @@ def policy_loss(logp_BT: Array, old_logp_BT: Array, advantages_BT: Array, mask_B
       L = (pi_prox / pi_behav) * max(-A r, -A clip(r, ...)),   r = pi / pi_prox,
     with the importance weight held constant (stop-gradient). prox == behaviour is plain PPO.
 
+    Truncated importance sampling (`is_cap` = C > 0, needs `prox_logp_BT`: the trainer's
+    log-probs of the sampled tokens, `old_logp_BT` the sampler's): the weight is
+    min(pi_prox / pi_behav, C) (`importance_weights`), TIS of Yao et al. 2025 / verl.
+
+    ratio_level="sequence" (GSPO, Zheng et al. 2025): every token of row i takes the row's
+    ratio s_i = exp(mean over its valid tokens of (logp - logp_centre)) (`sequence_log_ratio`),
+    gradient through the mean; the clips act on s_i. Valid tokens are where mask_BT != 0.
+
     Metrics (token-mean over valid tokens, no gradient): clipfrac (= upper + lower),
     clipfrac_upper (A > 0, r > 1 + clip_high), clipfrac_lower (A < 0, r < 1 - clip_low),
-    dual_clipfrac, approx_kl (k3 of behaviour vs current policy), ratio_mean.
+    dual_clipfrac, approx_kl (k3 of behaviour vs current policy), ratio_mean; with is_cap
+    also is_weight_mean (the capped weight) and is_clipped_frac (tokens whose weight was capped).
     """
     if dual_clip is not None and not dual_clip > 1.0:
         raise ValueError(f"dual_clip must be > 1 (or None to disable), got dual_clip={dual_clip}")
     if clip_low < 0 or clip_high < 0:
         raise ValueError(f"clip_low and clip_high must be >= 0, got clip_low={clip_low}, "
                          f"clip_high={clip_high}")
+    if ratio_level not in RATIO_LEVELS:
+        raise ValueError(f"ratio_level={ratio_level!r}; valid levels: {RATIO_LEVELS}")
+    if is_cap is not None and not (is_cap > 0 and prox_logp_BT is not None):
+        raise ValueError(f"is_cap must be > 0 (or None to disable) and needs prox_logp_BT "
+                         f"(the trainer's log-probs), got is_cap={is_cap}")
     logp_BT = _f32(logp_BT)
     old_logp_BT = _f32(old_logp_BT)
     adv_BT = _f32(advantages_BT)
     centre_logp_BT = old_logp_BT if prox_logp_BT is None else _f32(prox_logp_BT)
 
-    ratio_BT = jnp.exp(jnp.clip(logp_BT - centre_logp_BT, -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND))
+    log_ratio_BT = jnp.clip(logp_BT - centre_logp_BT, -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+    if ratio_level == "sequence":
+        log_ratio_BT = sequence_log_ratio(log_ratio_BT, mask_BT)
+    ratio_BT = jnp.exp(log_ratio_BT)
     unclipped_BT = -adv_BT * ratio_BT
     clipped_BT = -adv_BT * jnp.clip(ratio_BT, 1.0 - clip_low, 1.0 + clip_high)
     loss_BT = jnp.maximum(unclipped_BT, clipped_BT)
@@ -245,12 +264,12 @@ def policy_loss(logp_BT: Array, old_logp_BT: Array, advantages_BT: Array, mask_B
         loss_BT = jnp.where(dual_BT, floor_BT, loss_BT)
     else:
         dual_BT = jnp.zeros_like(is_clipped_BT)
+    sg = jax.lax.stop_gradient
     if prox_logp_BT is not None:
-        log_w_BT = jnp.clip(centre_logp_BT - old_logp_BT, -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
-        loss_BT = loss_BT * jax.lax.stop_gradient(jnp.exp(log_w_BT))
+        w_BT = sg(importance_weights(centre_logp_BT, old_logp_BT, is_cap))
+        loss_BT = loss_BT * w_BT
     loss = aggregate(loss_BT, mask_BT, agg)
 
-    sg = jax.lax.stop_gradient
     metrics = {
         "clipfrac": _masked_mean(is_clipped_BT, mask_BT),
         "clipfrac_upper": _masked_mean(is_clipped_BT & (adv_BT > 0), mask_BT),
@@ -259,7 +278,39 @@ def policy_loss(logp_BT: Array, old_logp_BT: Array, advantages_BT: Array, mask_B
         "approx_kl": _masked_mean(sg(kl_penalty(logp_BT, old_logp_BT, "k3")), mask_BT),
         "ratio_mean": _masked_mean(sg(ratio_BT), mask_BT),
     }
+    if is_cap is not None:
+        raw_BT = importance_weights(sg(centre_logp_BT), old_logp_BT)
+        metrics["is_weight_mean"] = _masked_mean(w_BT, mask_BT)
+        metrics["is_clipped_frac"] = _masked_mean(raw_BT > is_cap, mask_BT)
     return loss, metrics
+
+
+def sequence_log_ratio(log_ratio_BT: Array, mask_BT: Array) -> Array:
+    """GSPO's sequence log-ratio (Zheng et al. 2025, eq. 7) broadcast over each row:
+    (1 / |y_i|) sum_t log_ratio[i, t] over the row's valid tokens (mask != 0); 0 for a row
+    without any."""
+    m_BT = _f32(mask_BT != 0)
+    mean_B = jnp.sum(_f32(log_ratio_BT) * m_BT, axis=1) / jnp.maximum(jnp.sum(m_BT, axis=1), 1.0)
+    return jnp.broadcast_to(mean_B[:, None], m_BT.shape)
+
+
+def importance_weights(trainer_logp_BT: Array, rollout_logp_BT: Array,
+                       cap: Optional[float] = None) -> Array:
+    """Per-token importance weights of the rollout/trainer gap, pi_trainer / pi_rollout =
+    exp(clamp(trainer - rollout, -20, 20)), truncated at `cap` when given (TIS: Yao et al.
+    2025, "Your efficient RL framework secretly brings you off-policy RL training")."""
+    log_w_BT = jnp.clip(_f32(trainer_logp_BT) - _f32(rollout_logp_BT),
+                        -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+    w_BT = jnp.exp(log_w_BT)
+    return w_BT if cap is None else jnp.minimum(w_BT, cap)
+
+
+def mismatch_kl(trainer_logp_BT: Array, rollout_logp_BT: Array, mask_BT: Array) -> Array:
+    """k3 estimate of KL(pi_rollout || pi_trainer) on the rollout's tokens (prime-rl's
+    `mismatch_kl`): x = trainer - rollout, exp(x) - x - 1, masked mean; no gradient.
+    0 when the two log-probs agree."""
+    x_BT = jax.lax.stop_gradient(_f32(trainer_logp_BT))
+    return _masked_mean(kl_penalty(rollout_logp_BT, x_BT, "k3"), mask_BT)
 
 
 def value_loss(values_BT: Array, old_values_BT: Array, returns_BT: Array, mask_BT: Array, *,
@@ -316,7 +367,8 @@ def token_logprobs(logits_BTV: Array, tokens_BT: Array, temperature: float = 1.0
 
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS", "AGG_MODES", "KL_KINDS",
+    "ADVANTAGE_ESTIMATORS", "AGG_MODES", "KL_KINDS", "RATIO_LEVELS",
     "group_advantages", "gae", "masked_whiten", "aggregate", "kl_penalty", "policy_loss",
+    "sequence_log_ratio", "importance_weights", "mismatch_kl",
     "value_loss", "entropy_from_logits", "token_logprobs",
 ]

@@ -113,6 +113,15 @@ def _actor_data(batch, advantages_BS: Array, loss_cfg: LossConfig) -> dict[str, 
     return data
 
 
+def _check_trainer_logp(batch, o: StepOptions):
+    """is_cap's trainer log-probs come from the loss's own forward pass only when that pass is
+    at the pre-update params: one optimizer update per batch, or batch.prox_logp_BT."""
+    if o.loss_cfg.is_cap and batch.prox_logp_BT is None and o.num_minibatches * o.epochs > 1:
+        raise ValueError(f"LossConfig.is_cap={o.loss_cfg.is_cap} with num_minibatches="
+                         f"{o.num_minibatches} x epochs={o.epochs} updates needs the trainer's "
+                         f"pre-update log-probs in batch.prox_logp_BT (steps.score_tokens)")
+
+
 def _grpo_advantages_BS(batch: RolloutBatch, group_size: int, estimator: str) -> Array:
     """Group-relative advantages of the outcome rewards, broadcast over each row's actions.
 
@@ -170,13 +179,14 @@ def _actor_loss_fn(cfg: ModelConfig, loss_cfg: LossConfig, remat: bool, global_d
         mask_BS, w_BS = mb["mask_BS"], mb["w_BS"]
         old_BS, adv_BS = mb["old_logp_BS"], mb["adv_BS"]
 
-        # Decoupled PPO (off-policy rollouts): with one update per batch the params being
-        # differentiated are the pre-update (proximal) policy, so its log-probs are sg(logp_BS)
-        # of this very forward pass, and no second scoring pass is needed.
+        # Decoupled PPO (off-policy rollouts) and truncated IS: with one update per batch the
+        # params being differentiated are the pre-update (proximal, "trainer") policy, so its
+        # log-probs are sg(logp_BS) of this very forward pass: no second scoring pass.
         prox_BS = mb.get("prox_logp_BS")
-        if prox_BS is None and lc.decoupled:
+        if prox_BS is None and (lc.decoupled or lc.is_cap):
             prox_BS = sg(logp_BS)
-        pg_kw = dict(clip, prox_logp_BT=prox_BS)
+        pg_kw = dict(clip, prox_logp_BT=prox_BS, is_cap=lc.is_cap or None,
+                     ratio_level=lc.ratio_level)
         pg_loss = _weighted_sum(losses.policy_loss, logp_BS, old_BS, adv_BS, weights_BS=w_BS,
                                 **pg_kw)
         _, pg_metrics = losses.policy_loss(sg(logp_BS), old_BS, adv_BS, mask_BS, agg=lc.agg,
@@ -189,6 +199,10 @@ def _actor_loss_fn(cfg: ModelConfig, loss_cfg: LossConfig, remat: bool, global_d
         n_tok = jnp.sum(mask_BS)
         token_sums = {k: v * n_tok for k, v in pg_metrics.items()}
         token_sums["entropy"] = jnp.sum(sg(ent_BS) * mask_BS)
+        # the sampler's log-probs (old_BS) vs the trainer's at the pre-update params (with
+        # several updates per batch and no prox_logp_BT, later updates see moved params)
+        trainer_BS = sg(logp_BS) if prox_BS is None else prox_BS
+        token_sums["mismatch_kl"] = losses.mismatch_kl(trainer_BS, old_BS, mask_BS) * n_tok
         additive = {"pg_loss": sg(pg_loss)}
         if "ref_logp_BS" in mb:
             kl_BS = losses.kl_penalty(logp_BS, mb["ref_logp_BS"], lc.kl_kind)
@@ -300,6 +314,7 @@ def grpo_step(state: TrainState, batch: RolloutBatch, options: StepOptions):
     if o.shared_prompt_len and o.num_minibatches != 1:
         raise ValueError(f"shared_prompt_len={o.shared_prompt_len} needs num_minibatches=1 "
                          f"(got {o.num_minibatches}): minibatches split the prompt groups")
+    _check_trainer_logp(batch, o)
     adv_BS = _grpo_advantages_BS(batch, o.group_size, o.loss_cfg.advantage)
     data = _actor_data(batch, adv_BS, o.loss_cfg)
     update = functools.partial(_policy_update, o=o)
@@ -414,6 +429,7 @@ def ppo_step(actor_state: TrainState, critic_state: TrainState, batch: RolloutBa
     if actor_state.frozen is not None or critic_state.frozen is not None:
         raise ValueError("ppo_step trains full networks; LoRA (a state with frozen params) "
                          "is GRPO's (grpo_step)")
+    _check_trainer_logp(batch, o)
     gae_out = ppo_advantages(o.cfg, critic_state.params, batch, o.loss_cfg, o.micro_batches)
     actor_data = _actor_data(batch, gae_out["advantages_BS"], o.loss_cfg)
     critic_data = dict(tokens_BT=actor_data["tokens_BT"], valid_BT=actor_data["valid_BT"],
