@@ -56,6 +56,11 @@ TRAIN_ROWS = [
     ("--run_dir={resumed} --warmstart=false --prompts_per_step=16", "prompts_per_step"),
     ("--run_dir={file}", "run_dir"),
     ("--critic_minibatches=2", "critic_minibatches"),
+    ("--updates_per_rollout=0", "updates_per_rollout"),
+    ("--updates_per_rollout=-1", "updates_per_rollout"),
+    ("--updates_per_rollout=3", "updates_per_rollout"),       # 32 prompts: 3 does not divide
+    ("--updates_per_rollout=16 --micro_batches=4", "updates_per_rollout"),
+    ("--updates_per_rollout=2 --is_cap=2", "updates_per_rollout"),
     ("--algo=ppo --group_size=1 --critic_minibatches=3", "critic_minibatches"),
     ("--algo=ppo --group_size=1 --critic_lr_rule=cubic", "critic_lr_rule"),
     ("--wandb_mode=cloud", "wandb_mode"), ("--reward_fn=nocolon", "reward_fn"),
@@ -79,6 +84,8 @@ SWEEP_ROWS = [
     ("--prompts=0", "prompts"), ("--seeds=", "seeds"), ("--algos=foo", "algos"),
     ("--lr_rules=cubic", "lr_rules"), ("--pairs=32y4", "pairs"), ("--target=foo", "target"),
     ("--gen_batch_ratios=0", "gen_batch_ratios"), ("--base_prompts=7", "base_prompts"),
+    ("--updates_per_rollout=0", "updates_per_rollout"),
+    ("--updates_per_rollout=3", "updates_per_rollout"),   # P = 8 is not split into 3
     ("--max_responses=0", "max_responses"), ("--tune_lrs=-1", "tune_lrs"),
     ("--tune_seeds=0,0", "tune_seeds"), ("--tune_seeds=", "tune_seeds"),
     ("--group_sizes=1", "group_size"), ("--clip_low=-1", "clip_low"),

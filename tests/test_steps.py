@@ -583,6 +583,8 @@ def test_shared_prompt_preconditions(params):
     batch = make_grpo_batch(0)                       # every row has its own prompt
     with pytest.raises(ValueError, match=r"group 0 \(rows 0\.\.3\) has different prompts"):
         check_shared_prompts(batch, TP, 4)
-    with pytest.raises(ValueError, match="shared_prompt_len=4 needs num_minibatches=1"):
+    # minibatches hold whole groups (microbatch.multi_update): the shared prompt works with
+    # them (tests/test_updates_per_rollout.py); one that would split a group is refused
+    with pytest.raises(ValueError, match="num_minibatches=3"):
         trace_grpo(params, make_grpo_batch(0, shared_group=4), group_size=4,
-                   shared_prompt_len=TP, num_minibatches=2)
+                   shared_prompt_len=TP, num_minibatches=3)

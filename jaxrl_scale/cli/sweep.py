@@ -24,6 +24,9 @@ task brings its own response cap and warm-start (keyed by task), and is evaluate
 --gen_batch_ratios=1,2 runs every config also with asynchronous partial rollout (B_gen = 2 x
 B_train; runs named ..._k2_s<seed>) and adds the partial-vs-synchronous comparison to the report.
 
+--updates_per_rollout=1,2,4 runs every config also with u optimizer updates per rollout batch
+(u minibatches of whole groups; runs named ..._u2_s<seed>): the same responses, more updates.
+
 --executor=ray runs each run as a Ray task (--ray_address: an existing cluster, else a local
 one; --ray_cpus_per_run); --list_runs prints the runs by index and --run_index=I runs one of
 them alone (a job array), after which jaxrl-analyze --sweep_dir=DIR writes the report.
@@ -57,6 +60,9 @@ SWEEP_HELP = {
     "ppo_prompts": "PPO's P grid (empty: --prompts)", "seeds": "seeds per configuration",
     "gen_batch_ratios": "rollout ratios k: every config also runs with B_gen = k * B_train "
                         "sequences in flight (asynchronous partial rollout; 1: synchronous)",
+    "updates_per_rollout": "optimizer updates per rollout batch u: every config also runs "
+                           "with u minibatches of whole groups, one update each (name tag "
+                           "_u<u>; samples stay responses generated)",
     "base_prompts": "reference P (0: smallest)", "base_group": "reference G (0: smallest)",
     "max_responses": "response budget per run",
     "eval_every_responses": "evaluate about every this many retained responses",
@@ -89,7 +95,8 @@ SWEEP_HELP = {
     "ray_cpus_per_run": "CPUs each run's Ray task reserves"}
 # Fields the study sets per run; every other TrainConfig field is a flag for the base config.
 _PER_RUN = ("run_dir", "algo", "prompts_per_step", "group_size", "lr_rule", "seed", "target",
-            "target_margin", "max_responses", "base_batch", "gen_batch_ratio")
+            "target_margin", "max_responses", "base_batch", "gen_batch_ratio",
+            "updates_per_rollout")
 # The study's base run: 1500 held-out prompts, scored exactly (the mean probability of a
 # rewarded sample, rl/exact_eval.py: no sampling noise, about a tenth of the time of 16 samples
 # per prompt; tasks without an exact-match reward fall back to 16 samples, within-prompt SE

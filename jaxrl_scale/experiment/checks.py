@@ -188,3 +188,26 @@ def _check_mesh_expert(cfg: TrainConfig, n_devices: int) -> None:
     if n_devices % X:
         raise _err("mesh_expert", f"{X} does not divide the {n_devices} devices",
                    f"use a divisor of {n_devices} that divides the {E} experts")
+
+
+def check_updates(cfg: TrainConfig, data_parallel: int | None = None) -> None:
+    """updates_per_rollout = U > 1: U minibatches of whole prompt groups, each split into
+    micro_batches of whole groups, each of those over the data-parallel devices; and
+    is_cap's trainer log-probs (the loss's own forward pass) are pre-update only for the
+    first of the U updates."""
+    U, M, P = cfg.updates_per_rollout, cfg.micro_batches, cfg.prompts_per_step
+    if U == 1:
+        return
+    if P % (U * M):
+        raise _err("updates_per_rollout", f"{U} minibatches x {M} micro-batches do not "
+                   f"divide the {P} prompt groups (minibatches hold whole groups)",
+                   "choose updates_per_rollout * micro_batches dividing prompts_per_step")
+    if cfg.loss.is_cap:
+        raise _err("updates_per_rollout", f"{U} updates per rollout with --is_cap="
+                   f"{cfg.loss.is_cap}: the trainer's log-probs are the pre-update ones only "
+                   "for the first update", "use --updates_per_rollout=1 or --is_cap=0")
+    if data_parallel is not None and (cfg.batch_train // (U * M)) % data_parallel:
+        raise _err("updates_per_rollout", f"the micro-batch of {cfg.batch_train // (U * M)} "
+                   f"responses (P*G / (updates_per_rollout * micro_batches)) does not divide "
+                   f"over the {data_parallel} data-parallel devices",
+                   "lower --updates_per_rollout or --micro_batches")

@@ -10,7 +10,7 @@ import typing
 from typing import Any
 
 from jaxrl_scale.experiment.checks import (check_eval_mode, check_lora, check_mesh, check_paths,
-                                           check_reward, check_task, check_wandb)
+                                           check_reward, check_task, check_updates, check_wandb)
 from jaxrl_scale.experiment.errors import ConfigError  # noqa: F401  (re-exported)
 from jaxrl_scale.optim import ADAM_RULES
 from jaxrl_scale.rl.config import LOSS_CHOICES, LossConfig, invalid_is_cap
@@ -123,6 +123,12 @@ class TrainConfig:
     # B_train / critic_minibatches responses, lr by critic_lr_rule at that batch.
     critic_minibatches: int = 1
     critic_epochs: int = 1
+    # Optimizer updates of the policy (PPO: the actor) per rollout batch: the batch's P
+    # prompt groups split into this many minibatches of whole groups, one Adam update each
+    # (verl ppo_mini_batch_size, TRL steps_per_generation), lr by lr_rule at B_train / this.
+    # 1: one update on the whole batch. Samples stay responses generated; `step` counts
+    # rollouts and the record's `updates` the optimizer updates (the lr schedule's count).
+    updates_per_rollout: int = 1
     # --- schedule
     max_steps: int = 100
     max_responses: int = 0             # response budget (0: none)
@@ -277,7 +283,7 @@ RANGES: dict[str, tuple[float, float, bool]] = {
         "prompts_per_step", "group_size", "max_new_tokens", "gen_batch_ratio", "engine_steps",
         "micro_batches", "max_steps", "eval_every", "eval_prompts", "eval_samples",
         "generate_chunk", "checkpoint_every", "base_batch", "critic_minibatches",
-        "critic_epochs", "mesh_expert")},
+        "critic_epochs", "mesh_expert", "updates_per_rollout")},
     "lora_rank": (0, _INF, False), "lora_alpha": (0, _INF, True),
     **{k: (0, _INF, False) for k in (
         "max_responses", "num_train_examples", "num_test_examples", "max_prompt_len", "seed",
@@ -376,6 +382,7 @@ def validate(cfg: TrainConfig, *, data_parallel: int | None = None,
         raise _err("rollout", "'generate' is the synchronous rollout, but gen_batch_ratio / "
                    "max_staleness ask for partial rollout", "use --rollout=auto")
     check_lora(cfg)
+    check_updates(cfg, data_parallel)
     if cfg.target_margin and not cfg.target:
         raise _err("target_margin", "is set but --target is 0 (no target stop)",
                    "set --target too, or drop --target_margin")

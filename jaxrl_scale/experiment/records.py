@@ -26,7 +26,7 @@ def eval_se(ok_PK: np.ndarray) -> float | None:
 
 
 def step_metrics(m: dict, micro_batch_size: int, max_grad_norm: float,
-                 critic: dict | None = None) -> dict[str, Any]:
+                 critic: dict | None = None, actor_batch: int | None = None) -> dict[str, Any]:
     """The update's metrics as JSON, under the step's own names (docs/usage.md, "Metrics"): scalars
     as floats, micro-batch norms as lists; adds micro_batch_size and whether clipping acted.
 
@@ -35,6 +35,12 @@ def step_metrics(m: dict, micro_batch_size: int, max_grad_norm: float,
     metrics carry a leading [updates] axis and are logged as means over the updates (the
     squared norms stay unbiased estimates of E|g|^2 at the critic's own batch sizes, which
     the noise scale reads from these fields).
+
+    actor_batch: responses per actor update when the actor makes several per rollout
+    (updates_per_rollout > 1; recorded as `actor_batch`, the noise scale's big batch): its
+    metrics then carry a leading [updates] axis too and are logged the same way. Cumulative
+    counters (`*_nonfinite_count`) take the last update's value; `clipped` is whether
+    clipping acted on any of the actor's updates.
     """
     out: dict[str, Any] = dict(critic or {})
     reduce = bool(critic) and critic["critic_updates"] > 1
@@ -42,12 +48,14 @@ def step_metrics(m: dict, micro_batch_size: int, max_grad_norm: float,
         if k.endswith("grads"):
             continue
         a = np.asarray(v)
-        if reduce and k.startswith("critic_"):
-            a = a.mean(axis=0)
+        if a.ndim and (reduce if k.startswith("critic_") else actor_batch is not None):
+            a = a[-1] if k.endswith("nonfinite_count") else a.mean(axis=0)
         out[k] = a.reshape(-1).tolist() if a.ndim else float(a)
+    if actor_batch is not None:
+        out["actor_batch"] = actor_batch
     out["micro_batch_size"] = micro_batch_size
     if max_grad_norm:
-        out["clipped"] = bool(out["actor_grad_norm"] > max_grad_norm)
+        out["clipped"] = bool(np.any(np.asarray(m["actor_grad_norm"]) > max_grad_norm))
     return out
 
 

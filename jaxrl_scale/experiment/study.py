@@ -6,8 +6,9 @@ B0 = base_prompts * base_group by a small stage of its own (SWEEP_DIR/_lr_tune, 
 every tune seed); every other run scales it by its lr rule (sqrt; the fixed-lr control keeps
 it). Each run lives in SWEEP_DIR/<algo>_P<P>_G<G>_<rule>_s<seed>; a run with asynchronous
 partial rollout (B_gen = k * B_train, k = gen_batch_ratio > 1) in
-<algo>_P<P>_G<G>_<rule>_k<k>_s<seed>, so the synchronous runs keep their names whatever the
-ratios. `all_runs` numbers every run (the lr-tuning runs first) for a job array.
+<algo>_P<P>_G<G>_<rule>_k<k>_s<seed>, one with u > 1 optimizer updates per rollout
+(updates_per_rollout) in <algo>_P<P>_G<G>_<rule>_u<u>[_k<k>]_s<seed>, so the synchronous
+one-update runs keep their names whatever the axes. `all_runs` numbers every run (the lr-tuning runs first) for a job array.
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ class SweepConfig:
     ppo_prompts: tuple[int, ...] = ()            # PPO's own P grid (default: `prompts`)
     seeds: tuple[int, ...] = (0, 1, 2)
     gen_batch_ratios: tuple[int, ...] = (1,)    # rollout axis: every config at each k
+    updates_per_rollout: tuple[int, ...] = (1,)  # reuse axis: every config at each u
     base_prompts: int = 16             # reference P (0: smallest P of the grid)
     base_group: int = 0                # reference G (0: smallest G of the grid)
     max_responses: int = 15360         # response budget per run
@@ -127,10 +129,12 @@ def study_config(name: str, **overrides) -> SweepConfig:
     return SweepConfig(**{**STUDIES[name], **overrides})
 
 
-def run_name(algo: str, P: int, G: int, rule: str, seed: int, k: int = 1) -> str:
-    """The tag ``_k<k>`` only for k != 1: synchronous runs keep the names they always had, so
-    a study that adds ratios resumes from its old results."""
-    tag = f"_k{k}" if k != 1 else ""
+def run_name(algo: str, P: int, G: int, rule: str, seed: int, k: int = 1, u: int = 1) -> str:
+    """The tags ``_u<u>`` (updates_per_rollout) and ``_k<k>`` only for u, k != 1: runs with
+    one update per rollout, synchronous, keep the names they always had, so a study that adds
+    either axis resumes from its old results. ``_u`` comes first: stripping ``_k``
+    (scaling.io.strip_ratio) names the synchronous twin with the same updates."""
+    tag = (f"_u{u}" if u != 1 else "") + (f"_k{k}" if k != 1 else "")
     return f"{algo}_P{P}_G{G}_{rule}{tag}_s{seed}"
 
 
@@ -181,13 +185,15 @@ def tune_batches(sweep: SweepConfig, algo: str) -> list[int]:
 
 def plan(sweep: SweepConfig, base: TrainConfig, base_lrs: dict[str, float] | None = None,
          batch_lrs: dict[tuple[str, int], float] | None = None) -> list[TrainConfig]:
-    """Every run of the study as a TrainConfig, seeds innermost, gen_batch_ratios outermost
-    (the synchronous study first, as it was without the axis). The fixed-lr (and tuned-lr)
+    """Every run of the study as a TrainConfig, seeds innermost, gen_batch_ratios outermost,
+    then updates_per_rollout (the synchronous one-update study first, as it was without the
+    axes). The fixed-lr (and tuned-lr)
     run at the reference batch is the sqrt run (same lr), so it is run once. ``base_lrs``
     {algo: lr} replaces base.optim.base_lr (the tuned lr); ``batch_lrs`` {(algo, B): lr}, the
     lr tuned at B itself, is the base lr of the "tuned" configs."""
     runs, seen = [], set()
-    for k, (algo, P, G, rule) in itertools.product(sweep.gen_batch_ratios, _points(sweep)):
+    for k, u, (algo, P, G, rule) in itertools.product(
+            sweep.gen_batch_ratios, sweep.updates_per_rollout, _points(sweep)):
         B0 = reference_batch(sweep, algo)
         B = P * G
         eff_rule = "sqrt" if (B == B0 and rule in ("fixed", "linear", "tuned")) else rule
@@ -197,14 +203,14 @@ def plan(sweep: SweepConfig, base: TrainConfig, base_lrs: dict[str, float] | Non
                                   for r in sweep.lr_rules):
             continue   # the lr tuned at B is a grid rule's lr there: that config is this one
         for seed in sweep.seeds:
-            name = run_name(algo, P, G, eff_rule, seed, k)
+            name = run_name(algo, P, G, eff_rule, seed, k, u)
             if name in seen:
                 continue
             seen.add(name)
             runs.append(base.replace(
                 run_dir=os.path.join(sweep.sweep_dir, name), algo=algo,
                 prompts_per_step=P, group_size=G, lr_rule=eff_rule, seed=seed,
-                gen_batch_ratio=k,
+                gen_batch_ratio=k, updates_per_rollout=u,
                 base_batch=B0, base_lr=lr or base_lr,
                 max_responses=sweep.max_responses, max_steps=10 ** 9,
                 eval_every=max(1, sweep.eval_every_responses // B),
@@ -240,7 +246,7 @@ def tune_run(sweep: SweepConfig, base: TrainConfig, algo: str, lr: float,
         run_dir=os.path.join(sweep.sweep_dir, TUNE_DIR, name), algo=algo,
         prompts_per_step=B // G, group_size=G, lr_rule="sqrt" if B == B0 else "tuned",
         seed=seed,
-        base_batch=B0, gen_batch_ratio=1,
+        base_batch=B0, gen_batch_ratio=1, updates_per_rollout=1,
         base_lr=lr, max_responses=sweep.tune_responses, max_steps=10 ** 9,
         eval_every=max(1, sweep.eval_every_responses // 2 // B),
         checkpoint_every=max(1, sweep.tune_responses // 2 // B),
@@ -276,9 +282,12 @@ def check_sweep_fields(sweep: SweepConfig) -> None:
     need("group_sizes", bool(sweep.group_sizes), "is empty", "e.g. --group_sizes=8")
     need("gen_batch_ratios", bool(sweep.gen_batch_ratios), "is empty",
          "e.g. --gen_batch_ratios=1,2 (1: synchronous rollout)")
+    need("updates_per_rollout", bool(sweep.updates_per_rollout), "is empty",
+         "e.g. --updates_per_rollout=1,2,4 (1: one update per rollout)")
     for field, lo, example in (("prompts", 1, "8,16,32"), ("group_sizes", 1, "4,8"),
                                ("fixed_prompts", 1, "32,64"), ("ppo_prompts", 1, "64,128"),
-                               ("seeds", 0, "0,1,2"), ("gen_batch_ratios", 1, "1,2")):
+                               ("seeds", 0, "0,1,2"), ("gen_batch_ratios", 1, "1,2"),
+                               ("updates_per_rollout", 1, "1,2,4")):
         ints(field, lo, example)
     need("target_fraction", 0 < sweep.target_fraction < 1,
          f"must lie strictly between 0 and 1, got {sweep.target_fraction}",

@@ -153,7 +153,10 @@ class Run:
         self.lora = cfg.lora
         if self.lora is not None:   # the model's own checks (an MoE model has no dense MLP)
             check_lora(cfg, self.model_cfg)
-        tx, lr_fn = optimizer_for(cfg, cfg.optim.base_lr)
+        # updates_per_rollout = U minibatches of whole groups, one update each (epochs 1):
+        # the lr rule sees the update's batch, B_train / U
+        U = cfg.updates_per_rollout
+        tx, lr_fn = optimizer_for(cfg, cfg.optim.base_lr, cfg.batch_train // U)
         # The initial train state(s): the loop's first LoopState (`initial_state`) and the
         # template of shapes and shardings for compiling and restoring; the update donates
         # them, so the loop never reads them back from here.
@@ -170,7 +173,7 @@ class Run:
         if cfg.algo == "grpo":
             options = StepOptions(self.model_cfg, tx, cfg.loss, cfg.micro_batches, lr_fn=lr_fn,
                                   group_size=cfg.group_size,
-                                  shared_prompt_len=self.shared_prompt_len,
+                                  shared_prompt_len=self.shared_prompt_len, num_minibatches=U,
                                   lora_scale=self.lora.scale if self.lora else None)
         else:
             ctx, clr_fn = optimizer_for(cfg, cfg.optim.critic_base_lr,
@@ -180,7 +183,7 @@ class Run:
                                             jax.random.PRNGKey(cfg.seed + 1))
             self.init_states += (_state(self.mesh, self.model_cfg, critic, ctx, cfg.seed + 1),)
             options = StepOptions(self.model_cfg, tx, cfg.loss, cfg.micro_batches, lr_fn=lr_fn,
-                                  critic_tx=ctx, critic_lr_fn=clr_fn,
+                                  critic_tx=ctx, critic_lr_fn=clr_fn, num_minibatches=U,
                                   critic_minibatches=cfg.critic_minibatches,
                                   critic_epochs=cfg.critic_epochs)
         self.step_fn = make_train_step(grpo_step if cfg.algo == "grpo" else ppo_step,
@@ -339,8 +342,11 @@ class Run:
             *states, metrics = update(*states, batch)
             metrics = jax.device_get(metrics)
             rec["update_s"] = time.perf_counter() - t2  # reference + update, transfers included
-            rec.update(step_metrics(metrics, cfg.batch_train // cfg.micro_batches,
-                                    cfg.optim.max_grad_norm, self.critic_schedule))
+            U = cfg.updates_per_rollout
+            rec.update(step_metrics(metrics, cfg.batch_train // (U * cfg.micro_batches),
+                                    cfg.optim.max_grad_norm, self.critic_schedule,
+                                    actor_batch=cfg.batch_train // U if U > 1 else None))
+        rec["updates"] = int(jax.device_get(states[0].step))   # the actor's, so far
         failures = loop.reward_failures + failed
         rec.update(
             reward_mean=float(rewards_B.mean()), accuracy=float((rewards_B > 0).mean()),

@@ -99,11 +99,13 @@ def apply_grads(state: TrainState, grads: Any, tx: optax.GradientTransformation,
 
 
 def multi_update(one_update: Callable, state: TrainState, data: dict[str, Array],
-                  num_minibatches: int, epochs: int):
+                  num_minibatches: int, epochs: int, group: int = 1):
     """`epochs` passes over `num_minibatches` row splits, one optimizer update each.
 
-    U = 1 (the default protocol) returns that update's metrics; otherwise every metric gets a
-    leading [U] axis in update order.
+    The splits hold whole groups of `group` consecutive rows (`split_rows`: minibatch m has
+    groups m, m + K, m + 2K, ...), so GRPO's groups, its shared prompts and the micro-batches
+    inside each minibatch stay whole. U = 1 (the default protocol) returns that update's
+    metrics; otherwise every metric gets a leading [U] axis in update order.
     """
     K, E = int(num_minibatches), int(epochs)
     if K == 1 and E == 1:
@@ -111,8 +113,8 @@ def multi_update(one_update: Callable, state: TrainState, data: dict[str, Array]
     if E < 1:
         raise ValueError(f"epochs={E} must be >= 1")
     B = jax.tree_util.tree_leaves(data)[0].shape[0]
-    check_rows(B, K, "num_minibatches")
-    split = jax.tree.map(lambda x: split_rows(x, K), data)
+    check_rows(B, K, "num_minibatches", group)
+    split = jax.tree.map(lambda x: split_rows(x, K, group), data)
     per_epoch = []
     for _ in range(E):
         state, m = jax.lax.scan(one_update, state, split)

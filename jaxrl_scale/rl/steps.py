@@ -308,17 +308,16 @@ def grpo_step(state: TrainState, batch: RolloutBatch, options: StepOptions):
     shared_prompt_len = Tp > 0 runs each group's prompt once (the batch's first Tp columns
     must be the same in the G rows of every group, as rl/batch.rollout_batch lays them out):
     the same loss and gradients, computed on P * Tp + B * (T - Tp) tokens instead of B * T.
-    Needs num_minibatches = 1 (minibatches interleave rows, splitting groups).
+    Minibatches (num_minibatches > 1) hold whole groups too (microbatch.multi_update), so
+    each is a GRPO batch of its own and the shared prompt works with them.
     """
     o = options
-    if o.shared_prompt_len and o.num_minibatches != 1:
-        raise ValueError(f"shared_prompt_len={o.shared_prompt_len} needs num_minibatches=1 "
-                         f"(got {o.num_minibatches}): minibatches split the prompt groups")
     _check_trainer_logp(batch, o)
     adv_BS = _grpo_advantages_BS(batch, o.group_size, o.loss_cfg.advantage)
     data = _actor_data(batch, adv_BS, o.loss_cfg)
     update = functools.partial(_policy_update, o=o)
-    state, metrics = multi_update(update, state, data, o.num_minibatches, o.epochs)
+    state, metrics = multi_update(update, state, data, o.num_minibatches, o.epochs,
+                                  o.group_size)
     return state, _named(metrics, "actor")
 
 

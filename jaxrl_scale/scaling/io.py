@@ -26,6 +26,7 @@ CONFIG_FILE = "config.json"
 
 _SEED_RE = re.compile(r"[_\-.](?:s|seed)(\d+)$")
 _RATIO_RE = re.compile(r"_k(\d+)$")   # the sweep's gen_batch_ratio tag (k != 1 only)
+_UPDATES_RE = re.compile(r"_u(\d+)(?=(?:_k\d+)?$)")   # updates_per_rollout tag (u != 1 only)
 
 
 @dataclasses.dataclass
@@ -35,7 +36,9 @@ class Run:
     ``batch`` is retained responses per optimizer update (GRPO P*G, PPO P);
     ``batch_source`` says where it came from ("config", "increments" or "" when unknown).
     ``gen_batch_ratio`` k = B_gen / B_train (1: synchronous rollout; k > 1: asynchronous
-    partial rollout with k * B_train sequences in flight).
+    partial rollout with k * B_train sequences in flight). ``updates_per_rollout`` u:
+    optimizer updates per rollout batch (the sweep's ``_u<u>`` tag; the sample axis stays
+    responses generated, whatever u).
     """
     name: str
     train: list[dict]
@@ -46,6 +49,7 @@ class Run:
     batch_source: str = ""
     batch_gen: float | None = None
     gen_batch_ratio: float = 1
+    updates_per_rollout: int = 1
     lr_rule: str | None = None
     algo: str | None = None
     seed: int | None = None
@@ -305,8 +309,29 @@ def make_run(name: str, records: Iterable[dict], config: dict | None = None,
     run.algo = algo.lower() if isinstance(algo, str) else None
     seed = config_get(config, "seed")
     run.seed = int(seed) if is_number(seed) else seed_from_name(name)
-    run.group = _with_ratio(strip_seed(cname), run.gen_batch_ratio)
+    run.updates_per_rollout = updates_per_rollout(config, cname)
+    run.group = _with_ratio(_with_updates(strip_seed(cname), run.updates_per_rollout),
+                            run.gen_batch_ratio)
     return run
+
+
+def updates_per_rollout(config: dict, name: str) -> int:
+    """u from config.json ``updates_per_rollout``, else the name's ``_u<u>`` tag, else 1."""
+    u = config_get(config, "updates_per_rollout")
+    if is_number(u) and u >= 1:
+        return int(u)
+    m = _UPDATES_RE.search(strip_seed(name))
+    return int(m.group(1)) if m else 1
+
+
+def _with_updates(group: str, u: int) -> str:
+    """A u != 1 run never shares a group with the one-update seeds of its config: the sweep's
+    names carry ``_u<u>`` already (before any ``_k<k>``); other names get it there."""
+    if u == 1 or _UPDATES_RE.search(group):
+        return group
+    m = _RATIO_RE.search(group)
+    at = m.start() if m else len(group)
+    return f"{group[:at]}_u{u}{group[at:]}"
 
 
 def _with_ratio(group: str, k: float) -> str:
