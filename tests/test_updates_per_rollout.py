@@ -79,6 +79,21 @@ def test_k_minibatches_are_k_sequential_steps(params):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
 
 
+def test_ppo_actor_takes_the_updates_the_critic_its_own(params):
+    """PPO: updates_per_rollout is the actor's num_minibatches; the critic keeps its own
+    critic_minibatches (the trainer always passes it, default 1)."""
+    from jaxrl_scale.rl.state import create_train_state
+    from jaxrl_scale.rl.value import init_critic_from_actor
+    from test_steps import CTX, make_ppo_batch
+    o = steps.StepOptions(cfg=CFG, tx=TX, critic_tx=CTX, loss_cfg=LOSS_CFG, num_minibatches=2,
+                          critic_minibatches=1)
+    critic = init_critic_from_actor(params, jax.random.PRNGKey(1))
+    a, c, m = jax.eval_shape(lambda p, q, b: steps.ppo_step(
+        create_train_state(p, TX, 0), create_train_state(q, CTX, 0), b, o),
+        params, critic, make_ppo_batch(0))
+    assert np.shape(m["actor_loss"]) == (2,) and np.shape(m["critic_loss"]) == ()
+
+
 def _cfg(run_dir, data_dir, **kw):
     base = dict(run_dir=str(run_dir), data_dir=data_dir, model="tiny",
                 num_train_examples=200, num_test_examples=32, prompts_per_step=4, group_size=4,
