@@ -321,6 +321,7 @@ def test_metrics_pinned_to_the_loop_before_the_redesign(tmp_path, data_dir, algo
                 want[k] = v
         if "actor_grad_norm" in old:
             want.update(_ADDED[algo])
+            want["updates"] = old["step"]   # one optimizer update per rollout step (u = 1)
         assert set(new) == set(want), (set(new) ^ set(want))
         for k, v in want.items():
             if isinstance(v, float) or isinstance(new[k], float):
