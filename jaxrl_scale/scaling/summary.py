@@ -15,6 +15,7 @@ Numpy only, no JAX.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -171,10 +172,15 @@ class ConfigStats:
     T_over_T0_test: dict | None = _opt()       # {log_ratio, se, df} of the verdict's test
     rerun_agreement: float | None = _opt()     # P(a rerun gives this verdict), familywise
 
+    @functools.cached_property
+    def _flat(self) -> dict:
+        """`ratios.flat()`, computed once per (frozen) value: the report reads it per field."""
+        return self.ratios.flat()
+
     def to_json(self) -> dict:
         out = _json(self)
         del out["ratios"]
-        return {**out, **self.ratios.flat()}
+        return {**out, **self._flat}
 
     @classmethod
     def from_json(cls, d: dict) -> "ConfigStats":
@@ -185,7 +191,7 @@ class ConfigStats:
 
 
 def _flat_property(key: str) -> property:
-    return property(lambda self: self.ratios.flat().get(key),
+    return property(lambda self: self._flat.get(key),
                     doc=f"summary.json's {key!r} (from `ratios`)")
 
 
