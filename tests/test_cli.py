@@ -61,6 +61,10 @@ TRAIN_ROWS = [
     ("--updates_per_rollout=3", "updates_per_rollout"),       # 32 prompts: 3 does not divide
     ("--updates_per_rollout=16 --micro_batches=4", "updates_per_rollout"),
     ("--updates_per_rollout=2 --is_cap=2", "updates_per_rollout"),
+    ("--refill", "refill_cap"), ("--refill --refill_cap=0", "refill_cap"),
+    ("--refill --refill_cap=-2", "refill_cap"), ("--refill_cap=4", "refill_cap"),
+    ("--refill --refill_cap=4 --algo=ppo --group_size=1", "refill"),
+    ("--refill --refill_cap=4 --gen_batch_ratio=2", "refill"),
     ("--algo=ppo --group_size=1 --critic_minibatches=3", "critic_minibatches"),
     ("--algo=ppo --group_size=1 --critic_lr_rule=cubic", "critic_lr_rule"),
     ("--wandb_mode=cloud", "wandb_mode"), ("--reward_fn=nocolon", "reward_fn"),

@@ -211,3 +211,27 @@ def check_updates(cfg: TrainConfig, data_parallel: int | None = None) -> None:
                    f"responses (P*G / (updates_per_rollout * micro_batches)) does not divide "
                    f"over the {data_parallel} data-parallel devices",
                    "lower --updates_per_rollout or --micro_batches")
+
+
+def check_refill(cfg: TrainConfig) -> None:
+    """--refill (DAPO dynamic sampling, rl/refill.py) needs a cap on its rounds (a task the
+    policy always or never solves would otherwise generate forever), groups of G >= 2
+    (GRPO), and the synchronous rollout (the engine's batches are not regenerated)."""
+    if not cfg.refill:
+        if cfg.refill_cap:
+            raise _err("refill_cap", f"{cfg.refill_cap} is set but --refill is off",
+                       "add --refill, or drop --refill_cap")
+        return
+    if cfg.refill_cap <= 0:
+        raise _err("refill_cap", f"--refill needs a cap on the generation rounds per update "
+                   f"(got {cfg.refill_cap}): without one, a batch with no prompt of mixed "
+                   "rewards never ends", "pass --refill_cap=<rounds>, e.g. 4 (verl "
+                   "algorithm.filter_groups.max_num_gen_batches)")
+    if cfg.algo != "grpo":
+        raise _err("refill", f"dynamic sampling refills groups of G >= 2 responses; "
+                   f"--algo={cfg.algo} samples one response per prompt",
+                   "use --algo=grpo, or drop --refill")
+    if cfg.partial_rollout or cfg.rollout == "engine":
+        raise _err("refill", "refill regenerates the synchronous rollout; the slot engine's "
+                   "partial rollout (gen_batch_ratio / max_staleness / --rollout=engine) "
+                   "does not refill", "use --gen_batch_ratio=1 --rollout=auto, or drop --refill")

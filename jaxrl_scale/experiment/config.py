@@ -10,7 +10,8 @@ import typing
 from typing import Any
 
 from jaxrl_scale.experiment.checks import (check_eval_mode, check_lora, check_mesh, check_paths,
-                                           check_reward, check_task, check_updates, check_wandb)
+                                           check_refill, check_reward, check_task, check_updates,
+                                           check_wandb)
 from jaxrl_scale.experiment.errors import ConfigError  # noqa: F401  (re-exported)
 from jaxrl_scale.optim import ADAM_RULES
 from jaxrl_scale.rl.config import LOSS_CHOICES, LossConfig, invalid_is_cap
@@ -100,6 +101,12 @@ class TrainConfig:
     prompts_per_step: int = 32         # P
     group_size: int = 8                # G (PPO: 1)
     filter_zero_variance: bool = False  # GRPO: groups with equal rewards leave the loss
+    # DAPO dynamic sampling (rl/refill.py): filter those groups and generate further rounds
+    # of P prompts x G until P groups with a reward spread are kept, at most refill_cap rounds
+    # per update (verl filter_groups.max_num_gen_batches; a cap is required). The analysis
+    # then counts responses generated, every round's (what the full batch costs).
+    refill: bool = False
+    refill_cap: int = 0
     # --- rollout
     max_new_tokens: int = 6
     # Asynchronous partial rollout (sampling/engine.py, rl/partial.py): B_gen = ratio * B_train
@@ -198,6 +205,12 @@ class TrainConfig:
         return self.gen_batch_ratio - 1 if self.max_staleness < 0 else self.max_staleness
 
     @property
+    def filters_groups(self) -> bool:
+        """Zero-variance groups leave the loss: --filter_zero_variance, or --refill (which
+        filters them and generates replacements)."""
+        return self.filter_zero_variance or self.refill
+
+    @property
     def partial_rollout(self) -> bool:
         """True when sequences may run ahead of the policy (k > 1 or a staleness bound)."""
         return self.gen_batch_ratio > 1 or self.staleness_bound > 0
@@ -289,7 +302,7 @@ RANGES: dict[str, tuple[float, float, bool]] = {
         "max_responses", "num_train_examples", "num_test_examples", "max_prompt_len", "seed",
         "warmup_steps", "top_k", "max_grad_norm", "clip_high", "vf_clip", "kl_coef",
         "entropy_coef", "router_aux_coef", "target_margin", "temperature", "dual_clip",
-        "reward_timeout_s")},
+        "reward_timeout_s", "refill_cap")},
     **{k: (0, _INF, True) for k in ("base_lr", "critic_base_lr", "eps")},
     **{k: (0, 1, False) for k in ("clip_low", "gamma", "lam", "target")},
     **{k: (0, 1, True) for k in ("top_p",)},
@@ -383,6 +396,7 @@ def validate(cfg: TrainConfig, *, data_parallel: int | None = None,
                    "max_staleness ask for partial rollout", "use --rollout=auto")
     check_lora(cfg)
     check_updates(cfg, data_parallel)
+    check_refill(cfg)
     if cfg.target_margin and not cfg.target:
         raise _err("target_margin", "is set but --target is 0 (no target stop)",
                    "set --target too, or drop --target_margin")

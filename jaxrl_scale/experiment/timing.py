@@ -51,15 +51,17 @@ STEP_FIELDS = ("gen_s", "train_s", "decode_s", "update_s", "response_len")
 def timing_config(base: TrainConfig, batch: int, run_dir: str) -> TrainConfig:
     """`base` at B = batch responses per update (P = B // G, G kept), writing nothing.
 
-    filter_zero_variance is turned off: a random policy's groups all have one reward, and
-    filtering them would skip the update the pass is there to time.
+    filter_zero_variance and refill are turned off: a random policy's groups all have one
+    reward, and filtering them would skip the update the pass is there to time (and refill
+    would run every step to its cap). The pass so times one round per update: a refilled
+    run's extra rounds are in its own (in-run) throughput only.
     """
     G = base.group_size
     if batch < G or batch % G:
         raise ValueError(f"time_batches: batch {batch} is not a positive multiple of "
                          f"group_size={G} (B = P * G responses per update)")
     return base.replace(prompts_per_step=batch // G, run_dir=run_dir, filter_zero_variance=False,
-                        tensorboard=False, wandb_project="")
+                        refill=False, refill_cap=0, tensorboard=False, wandb_project="")
 
 
 def _entry(cfg: TrainConfig, compile_s: float) -> dict:

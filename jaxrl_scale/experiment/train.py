@@ -54,6 +54,7 @@ from jaxrl_scale.rl import exact_eval
 from jaxrl_scale.rl.batch import RolloutBatch, check_shared_prompts, rollout_batch
 from jaxrl_scale.rl.config import StepOptions
 from jaxrl_scale.rl.partial import PartialRollout
+from jaxrl_scale.rl.refill import Refill, refill_rollout
 from jaxrl_scale.rl.rollout import (LoopState, Rollout, SamplingSettings, generate_rollout,
                                     score_rollout)
 from jaxrl_scale.rl.state import init_train_state, state_shardings
@@ -311,6 +312,17 @@ class Run:
                                cfg.sampling.temperature)
         return self.partial.next_batch(params, version=step - 1, seed=seed)
 
+    def refill(self, params, first: Rollout, rewards_B: np.ndarray, seed) -> "Refill":
+        """DAPO dynamic sampling (rl/refill.py): further rounds of P new prompts x G, round k
+        sampled with fold_in(seed, k), until P groups with a reward spread are kept or
+        cfg.refill_cap rounds ran."""
+        cfg = self.cfg
+        return refill_rollout(
+            first, rewards_B, lambda k: self.sample(
+                params, self.stream.next_batch(), cfg.group_size, jax.random.fold_in(seed, k),
+                cfg.sampling.temperature), self.rewards, groups=cfg.prompts_per_step,
+            cap=cfg.refill_cap)
+
     def train_step(self, loop: LoopState, update=None) -> tuple[LoopState, dict[str, Any]]:
         """rollout -> rewards -> batch -> (reference scores) -> update: (the loop state after
         update number loop.step + 1, the step's training record). `update`: the compiled
@@ -319,15 +331,24 @@ class Run:
         step = loop.step + 1
         t0 = time.perf_counter()
         gen_seed = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), step)
-        r = self.rollout(self.policy_params(loop.states[0]), step, gen_seed)
+        params = self.policy_params(loop.states[0])
+        r = self.rollout(params, step, gen_seed)
         rewards_B, failed = self.rewards(r)
+        seen_rewards, seen_lengths = rewards_B, r.lengths_B   # every response generated
+        refill = None
+        if cfg.refill:
+            refill = self.refill(params, r, rewards_B, gen_seed)
+            r, rewards_B, failed = refill.rollout, refill.rewards_B, failed + refill.failed
+            seen_rewards, seen_lengths = refill.seen_rewards, refill.seen_lengths
         gen_s = time.perf_counter() - t0
 
         t1 = time.perf_counter()
         batch, accounting = rollout_batch(r.prompts, r.tokens_BM, r.logprobs_BM, r.lengths_B,
                                           rewards_B, prompt_len=self.prompt_len,
                                           pad_id=self.tok.pad_id, group_size=cfg.group_size,
-                                          filter_zero_variance=cfg.filter_zero_variance)
+                                          filter_zero_variance=cfg.filters_groups)
+        if refill is not None:   # the rounds' counts, not the trained batch's
+            accounting.update(refill.counts)
         rec: dict[str, Any] = {}
         states = loop.states
         if self.shared_prompt_len:
@@ -349,8 +370,8 @@ class Run:
         rec["updates"] = int(jax.device_get(states[0].step))   # the actor's, so far
         failures = loop.reward_failures + failed
         rec.update(
-            reward_mean=float(rewards_B.mean()), accuracy=float((rewards_B > 0).mean()),
-            response_len=float(r.lengths_B.mean()), **accounting,
+            reward_mean=float(seen_rewards.mean()), accuracy=float((seen_rewards > 0).mean()),
+            response_len=float(seen_lengths.mean()), **accounting,
             gen_s=gen_s, decode_s=r.decode_s, train_s=time.perf_counter() - t1,
             batch_train=cfg.batch_train, batch_gen=cfg.batch_gen,
             reward_failures=failures, **r.fields())
@@ -506,6 +527,7 @@ def _train(cfg: TrainConfig, progress: bool, stop_after_steps: int | None,
             loop, ev = run.evaluate(loop)
             last_score = ev["score"]
             emit({"step": step, "responses": loop.responses,
+                  "responses_generated": loop.responses_generated,
                   "time_s": loop.time_s, **ev, "eval_s": time.perf_counter() - t_eval})
             if cfg.target and loop.reached_at is None and ev["score"] >= cfg.target:
                 loop = loop.replace(reached_at=loop.responses)

@@ -38,7 +38,8 @@ class Run:
     ``gen_batch_ratio`` k = B_gen / B_train (1: synchronous rollout; k > 1: asynchronous
     partial rollout with k * B_train sequences in flight). ``updates_per_rollout`` u:
     optimizer updates per rollout batch (the sweep's ``_u<u>`` tag; the sample axis stays
-    responses generated, whatever u).
+    responses generated, whatever u). A refilled run (``refill``, DAPO dynamic sampling) is
+    read on the axis of responses generated (`on_generated_axis`).
     """
     name: str
     train: list[dict]
@@ -259,7 +260,11 @@ def make_run(name: str, records: Iterable[dict], config: dict | None = None,
     (`check_records`; ``source`` names the file in the message, else ``path`` or ``name``)."""
     config = dict(config or {})
     records = [r for r in records if isinstance(r, dict)]
-    warnings: list[str] = check_records(records, source or path or name)
+    axis_note = []
+    if refilled(config):
+        records = on_generated_axis(records, source or path or name)
+        axis_note = [SAMPLE_AXIS_NOTE]
+    warnings: list[str] = check_records(records, source or path or name) + axis_note
     train = [r for r in records if "score" not in r and is_number(r.get("responses"))
                 and is_number(r.get("time_s"))]
     if not train:
@@ -313,6 +318,47 @@ def make_run(name: str, records: Iterable[dict], config: dict | None = None,
     run.group = _with_ratio(_with_updates(strip_seed(cname), run.updates_per_rollout),
                             run.gen_batch_ratio)
     return run
+
+
+SAMPLE_AXIS_NOTE = ("N counts responses generated (dynamic sampling, --refill: the refill "
+                    "rounds are what the kept batch costs)")
+
+
+def refilled(config: dict) -> bool:
+    """A run with DAPO dynamic sampling (config.json ``refill``; rl/refill.py)."""
+    return config_get(config, "refill") is True
+
+
+def on_generated_axis(records: list[dict], where: str) -> list[dict]:
+    """The records with ``responses`` = responses generated (the retained count kept as
+    ``responses_retained``): a refilled run's sample axis. Training records must carry
+    ``responses_generated``; an eval record without it takes its step's training record's
+    (step 0: 0)."""
+    at_step = {0: 0}
+    for r in records:
+        if "score" in r or not is_number(r.get("responses")):
+            continue
+        if not is_number(r.get("responses_generated")):
+            raise DataError("responses_generated", where, r.get("step", "?"),
+                            "a refilled run (config refill: true) must count the responses "
+                            "it generated on every training record",
+                            "log responses_generated, or drop refill from config.json to "
+                            "analyse retained responses")
+        at_step[r.get("step")] = r["responses_generated"]
+    out = []
+    for r in records:
+        gen = r.get("responses_generated")
+        if not is_number(gen):
+            gen = at_step.get(r.get("step"))
+        if not is_number(gen) and "score" in r:
+            raise DataError("responses_generated", where, r.get("step", "?"),
+                            "an eval record of a refilled run has no responses_generated and "
+                            "no training record at its step to take it from",
+                            "log responses_generated on eval records too")
+        if is_number(gen) and is_number(r.get("responses")):
+            r = {**r, "responses": gen, "responses_retained": r["responses"]}
+        out.append(r)
+    return out
 
 
 def updates_per_rollout(config: dict, name: str) -> int:
