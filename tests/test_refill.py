@@ -229,3 +229,20 @@ def test_verl_dynamic_sampling_counts_generation_batches(tmp_path):
     assert any("responses generated" in w for w in run.warnings)
     plain = verl.read_run(_verl_run(tmp_path, "plain", [1, 3, 2], enable=False))
     assert [r["responses"] for r in plain.train] == [8, 16, 24]
+
+
+def test_a_resumed_refill_run_equals_an_uninterrupted_one(tmp_path, rewards_module):
+    """The refill rounds read further prompts from the stream; its position is checkpointed,
+    so a run stopped after step 1 and resumed gives the uninterrupted run's records."""
+    kw = dict(refill=True, refill_cap=8, reward_fn="rw_refill:parity", checkpoint_every=1,
+              max_steps=3)
+    run_training(_cfg(tmp_path, "whole", **kw), progress=False)
+    cut = _cfg(tmp_path, "cut", **kw)
+    run_training(cut, progress=False, stop_after_steps=1)
+    run_training(cut, progress=False)
+    skip = ("time_s", "gen_s", "decode_s", "train_s", "update_s", "eval_s", "compile_s")
+    (wt, we), (ct, ce) = _records(tmp_path / "whole"), _records(cut.run_dir)
+    assert len(wt + we) == len(ct + ce) and max(r["gen_rounds"] for r in wt) > 1
+    for a, b in zip(wt + we, ct + ce):
+        assert {k: v for k, v in a.items() if k not in skip} == \
+            {k: v for k, v in b.items() if k not in skip}
