@@ -312,7 +312,7 @@ class Run:
                                cfg.sampling.temperature)
         return self.partial.next_batch(params, version=step - 1, seed=seed)
 
-    def refill(self, params, first: Rollout, rewards_B: np.ndarray, seed) -> "Refill":
+    def refill(self, params, first: Rollout, rewards_B: np.ndarray, seed) -> Refill:
         """DAPO dynamic sampling (rl/refill.py): further rounds of P new prompts x G, round k
         sampled with fold_in(seed, k), until P groups with a reward spread are kept or
         cfg.refill_cap rounds ran."""
