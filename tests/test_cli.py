@@ -63,6 +63,8 @@ TRAIN_ROWS = [
     ("--updates_per_rollout=2 --is_cap=2", "updates_per_rollout"),
     ("--refill", "refill_cap"), ("--refill --refill_cap=0", "refill_cap"),
     ("--refill --refill_cap=-2", "refill_cap"), ("--refill_cap=4", "refill_cap"),
+    ("--refill_prompts=4", "refill_prompts"),
+    ("--refill --refill_cap=4 --refill_prompts=-1", "refill_prompts"),
     ("--refill --refill_cap=4 --algo=ppo --group_size=1", "refill"),
     ("--refill --refill_cap=4 --gen_batch_ratio=2", "refill"),
     ("--algo=ppo --group_size=1 --critic_minibatches=3", "critic_minibatches"),

@@ -100,6 +100,8 @@ def test_more_kept_than_needed_trains_on_the_first():
     (dict(refill=True, refill_cap=0), "refill_cap"),
     (dict(refill=True, refill_cap=-1), "refill_cap"),
     (dict(refill_cap=3), "refill_cap"),
+    (dict(refill_prompts=3), "refill_prompts"),
+    (dict(refill=True, refill_cap=2, refill_prompts=-1), "refill_prompts"),
     (dict(refill=True, refill_cap=2, algo="ppo", group_size=1), "refill"),
     (dict(refill=True, refill_cap=2, gen_batch_ratio=2), "refill"),
 ])
@@ -189,6 +191,30 @@ def test_refill_keeps_the_batch_full(tmp_path, rewards_module):
         assert r["generated"] == 16 * r["gen_rounds"] >= 16
         assert 4 * r["gen_rounds"] - r["zero_var_groups"] >= 4   # P kept over the rounds
         assert "actor_loss" in r
+
+
+def test_small_refill_rounds(tmp_path, rewards_module):
+    """--refill_prompts=1: each round after the first samples 1 prompt x G (a second generate
+    shape, compiled before the clock starts): the batch still fills with P kept groups, and
+    generated = P*G + (rounds - 1) * G."""
+    cfg = _cfg(tmp_path, "small", refill=True, refill_cap=16, refill_prompts=1,
+               reward_fn="rw_refill:parity")
+    run_training(cfg, progress=False)
+    train, _ = _records(cfg.run_dir)
+    assert max(r["gen_rounds"] for r in train) > 1
+    for r in train:
+        assert r["retained"] == 16 and r["refill_short"] == 0
+        assert r["generated"] == 16 + (r["gen_rounds"] - 1) * 4
+
+
+def test_rounds_of_another_size_select_alike():
+    """Rounds of 1 group after a first of 3 (refill_prompts = 1): the same pick rules."""
+    rounds = [ROUNDS[0], np.array([0, 0.]), np.array([1, 0.]), np.array([0, 1.])]
+    picks, short = refill.select_groups(rounds, G, 3)
+    assert (picks, short) == ([(0, 1), (2, 0), (3, 0)], 0)
+    assert not refill.needs_more(rounds, G, 3, cap=10)
+    assert refill.needs_more(rounds[:3], G, 3, cap=10)
+    assert not refill.needs_more(rounds[:3], G, 3, cap=3)
 
 
 def test_a_refilled_run_without_generated_counts_is_refused(tmp_path):

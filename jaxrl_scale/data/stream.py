@@ -52,18 +52,20 @@ class PromptStream:
             self._epoch = epoch
         return self._perm
 
-    def next_indices(self) -> list[int]:
-        """Source indices of the next batch (advances the position)."""
-        n = len(self.source)
+    def next_indices(self, size: int | None = None) -> list[int]:
+        """Source indices of the next batch of `size` (default batch_size) examples (advances
+        the position)."""
+        n, size = len(self.source), self.batch_size if size is None else int(size)
         out = []
-        for k in range(self._position, self._position + self.batch_size):
+        for k in range(self._position, self._position + size):
             out.append(int(self._permutation(k // n)[k % n]))
-        self._position += self.batch_size
+        self._position += size
         return out
 
-    def next_batch(self) -> list[dict[str, Any]]:
-        """The next `batch_size` examples (crossing epoch boundaries as needed)."""
-        idx = self.next_indices()
+    def next_batch(self, size: int | None = None) -> list[dict[str, Any]]:
+        """The next `size` (default batch_size) examples (crossing epoch boundaries as
+        needed)."""
+        idx = self.next_indices(size)
         get_many = getattr(self.source, "get_many", None)
         if get_many is not None:
             return get_many(idx)

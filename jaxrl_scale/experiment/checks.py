@@ -218,9 +218,10 @@ def check_refill(cfg: TrainConfig) -> None:
     policy always or never solves would otherwise generate forever), groups of G >= 2
     (GRPO), and the synchronous rollout (the engine's batches are not regenerated)."""
     if not cfg.refill:
-        if cfg.refill_cap:
-            raise _err("refill_cap", f"{cfg.refill_cap} is set but --refill is off",
-                       "add --refill, or drop --refill_cap")
+        for name in ("refill_cap", "refill_prompts"):
+            if getattr(cfg, name):
+                raise _err(name, f"{getattr(cfg, name)} is set but --refill is off",
+                           f"add --refill, or drop --{name}")
         return
     if cfg.refill_cap <= 0:
         raise _err("refill_cap", f"--refill needs a cap on the generation rounds per update "

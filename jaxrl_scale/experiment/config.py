@@ -105,8 +105,11 @@ class TrainConfig:
     # of P prompts x G until P groups with a reward spread are kept, at most refill_cap rounds
     # per update (verl filter_groups.max_num_gen_batches; a cap is required). The analysis
     # then counts responses generated, every round's (what the full batch costs).
+    # refill_prompts: prompts of each round after the first (0: P; fewer waste less when few
+    # groups are filtered; one more generate shape, compiled before the run's clock starts).
     refill: bool = False
     refill_cap: int = 0
+    refill_prompts: int = 0
     # --- rollout
     max_new_tokens: int = 6
     # Asynchronous partial rollout (sampling/engine.py, rl/partial.py): B_gen = ratio * B_train
@@ -211,6 +214,11 @@ class TrainConfig:
         return self.filter_zero_variance or self.refill
 
     @property
+    def refill_round(self) -> int:
+        """Prompts per refill round after the first (refill_prompts, 0: P)."""
+        return self.refill_prompts or self.prompts_per_step
+
+    @property
     def partial_rollout(self) -> bool:
         """True when sequences may run ahead of the policy (k > 1 or a staleness bound)."""
         return self.gen_batch_ratio > 1 or self.staleness_bound > 0
@@ -302,7 +310,7 @@ RANGES: dict[str, tuple[float, float, bool]] = {
         "max_responses", "num_train_examples", "num_test_examples", "max_prompt_len", "seed",
         "warmup_steps", "top_k", "max_grad_norm", "clip_high", "vf_clip", "kl_coef",
         "entropy_coef", "router_aux_coef", "target_margin", "temperature", "dual_clip",
-        "reward_timeout_s", "refill_cap")},
+        "reward_timeout_s", "refill_cap", "refill_prompts")},
     **{k: (0, _INF, True) for k in ("base_lr", "critic_base_lr", "eps")},
     **{k: (0, 1, False) for k in ("clip_low", "gamma", "lam", "target")},
     **{k: (0, 1, True) for k in ("top_p",)},

@@ -283,8 +283,10 @@ class Run:
             self.partial.engine.warm(params, range(cfg.group_size, cfg.batch_gen + 1,
                                                    cfg.group_size), cfg.recompute_kv)
         else:
-            warm = [{"prompt": self.train_src[0]["prompt"]}] * cfg.prompts_per_step
-            self.sample(params, warm, cfg.group_size, 0, cfg.sampling.temperature)
+            sizes = {cfg.prompts_per_step, cfg.refill_round if cfg.refill else 0} - {0}
+            for n in sorted(sizes):   # the step's rollout, and a refill round's when it differs
+                warm = [{"prompt": self.train_src[0]["prompt"]}] * n
+                self.sample(params, warm, cfg.group_size, 0, cfg.sampling.temperature)
         if self.score_ref is not None:
             dummy = jax.device_put(self._dummy_batch(), shd.batch_sharding(self.mesh))
             self.score_ref(self.ref_params, dummy.tokens_BT, dummy.valid_BT)
@@ -313,15 +315,15 @@ class Run:
         return self.partial.next_batch(params, version=step - 1, seed=seed)
 
     def refill(self, params, first: Rollout, rewards_B: np.ndarray, seed) -> Refill:
-        """DAPO dynamic sampling (rl/refill.py): further rounds of P new prompts x G, round k
-        sampled with fold_in(seed, k), until P groups with a reward spread are kept or
-        cfg.refill_cap rounds ran."""
+        """DAPO dynamic sampling (rl/refill.py): further rounds of cfg.refill_round new
+        prompts x G, round k sampled with fold_in(seed, k), until P groups with a reward
+        spread are kept or cfg.refill_cap rounds ran."""
         cfg = self.cfg
         return refill_rollout(
             first, rewards_B, lambda k: self.sample(
-                params, self.stream.next_batch(), cfg.group_size, jax.random.fold_in(seed, k),
-                cfg.sampling.temperature), self.rewards, groups=cfg.prompts_per_step,
-            cap=cfg.refill_cap)
+                params, self.stream.next_batch(cfg.refill_round), cfg.group_size,
+                jax.random.fold_in(seed, k), cfg.sampling.temperature), self.rewards,
+            groups=cfg.prompts_per_step, cap=cfg.refill_cap)
 
     def train_step(self, loop: LoopState, update=None) -> tuple[LoopState, dict[str, Any]]:
         """rollout -> rewards -> batch -> (reference scores) -> update: (the loop state after

@@ -4,7 +4,8 @@ With `--refill`, a group whose G rewards are all equal (no learning signal under
 normalised advantages) is filtered, and further rounds of P prompts x G responses are
 generated until P groups with a reward spread are kept, at most `refill_cap` rounds per
 update (verl `algorithm.filter_groups` with `max_num_gen_batches`, OpenRLHF and slime
-`dynamic_sampling`). Every round has the shape of the first, so nothing recompiles.
+`dynamic_sampling`). Rounds after the first have `--refill_prompts` prompts (default P): at
+most two generate shapes, both compiled before the run's clock starts.
 
 The update then sees the first P kept groups in generation order (later kept groups are
 generated but not trained on, as verl aligns its batch). When the cap ends the refill short
