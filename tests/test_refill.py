@@ -272,3 +272,35 @@ def test_a_resumed_refill_run_equals_an_uninterrupted_one(tmp_path, rewards_modu
     for a, b in zip(wt + we, ct + ce):
         assert {k: v for k, v in a.items() if k not in skip} == \
             {k: v for k, v in b.items() if k not in skip}
+
+
+def _own_run(name, refilled, per_step_generated):
+    """A run of ours (make_run): 10 steps of 8 retained responses, the score rising linearly
+    with the responses generated; refilled runs say so in their config."""
+    records, gen = [{"step": 0, "responses": 0, "time_s": 0.0, "score": 0.0, "eval_n": 400}], 0
+    for s in range(1, 11):
+        gen += per_step_generated
+        records.append({"step": s, "responses": 8 * s, "responses_generated": gen,
+                        "time_s": 0.5 * s})
+        records.append({"step": s, "responses": 8 * s, "responses_generated": gen,
+                        "score": gen / 160, "eval_n": 400})
+    config = {"name": name, "batch_train": 8, "algo": "grpo", "lr_rule": "sqrt",
+              "refill": refilled}
+    return io.make_run(name, records, config)
+
+
+def test_the_summary_and_table_say_which_axis():
+    """A refilled config's N* counts responses generated (its runs reach the target at the
+    same generated count as the plain ones), the summary says so, the table marks it."""
+    from jaxrl_scale.report.tables import format_table
+    from jaxrl_scale.scaling.analysis import analyze
+    runs = [_own_run(f"plain_P1_G8_s{i}", False, 8) for i in range(2)] + \
+        [_own_run(f"refill_P1_G8_s{i}", True, 16) for i in range(2)]
+    s = analyze(runs, target=0.5, reference="plain_P1_G8", n_boot=50)
+    plain, refilled = s.configs["plain_P1_G8"], s.configs["refill_P1_G8"]
+    assert plain.sample_axis is None and refilled.sample_axis == "generated"
+    assert plain.N_star == pytest.approx(80) and refilled.N_star == pytest.approx(80)
+    assert "sample_axis" not in s.to_json()["configs"]["plain_P1_G8"]
+    table = format_table(s)
+    assert "gen." in table.split("refill_P1_G8")[1].split("\n")[0]
+    assert "count responses generated" in table

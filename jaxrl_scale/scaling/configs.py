@@ -58,6 +58,8 @@ def config_stats(groups: dict[str, list[Run]], per_run: dict, reps: dict, refs: 
               "T": or_none(N / q) if all_reached and q > 0 else None,
               "N_star_reached_mean": or_none(np.mean([x["N_star"] for x in xs
                                                        if x["reached"]])) if n_reached else None}
+        if any(r.sample_axis == "generated" for r in rs):
+            st["sample_axis"] = "generated"
         for k in ("N_star", "q"):
             vals = [x[k] for x in xs if x["reached"] and is_number(x[k])]
             st[k + "_std"] = float(np.std(vals)) if len(vals) > 1 else None

@@ -57,6 +57,7 @@ class Run:
     group: str = ""
     warnings: list[str] = dataclasses.field(default_factory=list)
     score_is_accuracy: bool = False   # a jaxrl metrics.jsonl: the score is a fraction in [0, 1]
+    sample_axis: str = "retained"     # what ``responses`` counts: "generated" when refilled
 
     def eval_curve(self) -> tuple[np.ndarray, np.ndarray]:
         """(responses, scores) of the eval records, sorted by responses."""
@@ -290,7 +291,8 @@ def make_run(name: str, records: Iterable[dict], config: dict | None = None,
         evals.append(r)
     evals.sort(key=lambda r: r["responses"])
 
-    run = Run(name=name, train=train, evals=evals, config=config, path=path, warnings=warnings)
+    run = Run(name=name, train=train, evals=evals, config=config, path=path, warnings=warnings,
+              sample_axis="generated" if axis_note else "retained")
     b = batch_from_config(config)
     if b is not None:
         run.batch, run.batch_source = b, "config"

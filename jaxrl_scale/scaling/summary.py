@@ -171,6 +171,9 @@ class ConfigStats:
     r_q_in_run_test: dict | None = _opt()      # {log_ratio, se, df}: the seed-paired t test
     T_over_T0_test: dict | None = _opt()       # {log_ratio, se, df} of the verdict's test
     rerun_agreement: float | None = _opt()     # P(a rerun gives this verdict), familywise
+    # "generated": N* and q count responses generated (dynamic sampling, io.on_generated_axis);
+    # absent: retained responses (SCIENCE.md section 1)
+    sample_axis: str | None = _opt()
 
     @functools.cached_property
     def _flat(self) -> dict:

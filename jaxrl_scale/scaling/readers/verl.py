@@ -217,8 +217,11 @@ def _from_records(name: str, run_dir: str, path: str, records: list[dict],
                                      else "grpo")
     warnings.append(f"eval score from {key}; eval sample count not logged")
     cum_SR = generated_responses(records, config, batch, warnings, path)
-    return build_run(name, run_dir, "verl", batch, train, evals, algo=algo,
-                     warnings=warnings, source=path, cum_SR=cum_SR)
+    run = build_run(name, run_dir, "verl", batch, train, evals, algo=algo,
+                    warnings=warnings, source=path, cum_SR=cum_SR)
+    if cum_SR is not None:
+        run.sample_axis = "generated"
+    return run
 
 
 def generated_responses(records: list[dict], config: dict, batch: float, warnings: list[str],
