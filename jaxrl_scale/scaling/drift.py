@@ -150,14 +150,17 @@ def interleaved_r_q(timing: Sequence[dict] | None, configs: dict, refs: Mapping,
                 "configs": {}}, {}
     from jaxrl_scale.scaling.familywise import t_ppf
     out, offsets, units = {}, {}, set()
+    # the pass times one rollout round per update: a refilled config's r_q (responses
+    # generated per second, its extra rounds included) is its runs' own
+    refilled = sorted(g for g, st in configs.items() if st.get("sample_axis") == "generated")
     for algo, (ref, _) in refs.items():
-        if ref not in configs:
+        if ref not in configs or ref in refilled:
             continue
         e0 = _match(timing, configs[ref])
         if e0 is None:
             continue
         for g, st in configs.items():
-            if (st["algo"] or "?") != algo or g == ref:
+            if (st["algo"] or "?") != algo or g == ref or g in refilled:
                 continue
             e = _match(timing, st)
             if e is None:
@@ -188,6 +191,9 @@ def interleaved_r_q(timing: Sequence[dict] | None, configs: dict, refs: Mapping,
         else:
             note += ("; r_q's interval is between blocks (each a fresh build at a later "
                      "time), so it includes the spread between passes")
+    if offsets and refilled:
+        note += (f"; {', '.join(refilled)} keep in-run r_q: the pass times one rollout round "
+                 "per update, not the refill rounds of dynamic sampling")
     load = pass_load(timing)
     if offsets and load and load["loaded"]:
         note += (f"; CAUTION: the machine was loaded during the pass (1-minute load average "
