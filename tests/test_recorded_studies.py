@@ -63,7 +63,8 @@ STUDIES = _studies()
 
 
 def test_results_hold_recorded_studies():
-    assert len(STUDIES) >= 3, STUDIES   # sweep_default, sweep_replicate, study_full
+    assert len(STUDIES) >= 4, STUDIES   # sweep_default, sweep_replicate, study_full,
+    # dynamic_sampling
 
 
 @pytest.mark.parametrize("study", STUDIES, ids=os.path.basename)
@@ -72,6 +73,10 @@ def test_recorded_study_reanalyses_to_its_summary(study, monkeypatch):
     monkeypatch.chdir(ROOT)   # sweep_dir is recorded relative to the repository root
     kw = {"target_fraction": float(flags["target_fraction"])} if "target_fraction" in flags \
         else {}
+    if "target" in flags:
+        kw["target"] = float(flags["target"]) if flags["target"] != "auto" else "auto"
+    if "reference" in flags:
+        kw["reference"] = flags["reference"]
     got = json.loads(json.dumps(to_jsonable(analysis.analyze_sweep(flags["sweep_dir"], **kw))))
     with open(os.path.join(study, "summary.json")) as f:
         want = json.load(f)
