@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pytest
+from test_updates_per_rollout import _cfg as tiny_cfg
 
 from jaxrl_scale.experiment.config import ConfigError, TrainConfig, validate
 from jaxrl_scale.experiment.train import run_training
@@ -123,13 +124,8 @@ def never(response, example):
 
 
 def _cfg(tmp_path, name, **kw):
-    base = dict(run_dir=str(tmp_path / name), data_dir=str(tmp_path / "data"), model="tiny",
-                num_train_examples=200, num_test_examples=32, prompts_per_step=4,
-                group_size=4, max_new_tokens=4, eval_every=2, eval_prompts=8, eval_samples=2,
-                checkpoint_every=100, max_steps=2, base_lr=1e-3, base_batch=16,
-                tensorboard=False)
-    base.update(kw)
-    return TrainConfig.make(**base)
+    """test_updates_per_rollout's tiny config (P = 4, G = 4), evaluated every 2 steps."""
+    return tiny_cfg(tmp_path / name, str(tmp_path / "data"), **{"eval_every": 2, **kw})
 
 
 def _records(run_dir):
