@@ -48,6 +48,10 @@ def test_a_packed_row_gives_each_sequence_its_own_logits(params):
         at += s.size
     packed = np.asarray(logits_from_hidden(CFG, params, hidden_states(
         CFG, params, jnp.asarray(row), segment_ids_BT=jnp.asarray(seg))))
+    blocked = np.asarray(logits_from_hidden(CFG, params, hidden_states(
+        CFG, params, jnp.asarray(row), segment_ids_BT=jnp.asarray(seg), window=8)))
+    # blocks of 8 (every sequence <= 8): the same scores kept, attended in 2 x 8 windows
+    np.testing.assert_allclose(blocked, packed, rtol=0, atol=64 * EPS32 * np.abs(packed).max())
     at = 0
     for s in seqs:
         alone = np.asarray(forward(CFG, params, jnp.asarray(s[None], jnp.int32)))[0]

@@ -28,4 +28,40 @@ def segment_mask(segment_ids_BT: jax.Array) -> jax.Array:
     return same_BTS & jnp.tril(jnp.ones((T, T), bool))[None]
 
 
-__all__ = ["segment_mask", "segment_positions"]
+def segment_attention(segment_ids_BT: jax.Array, attention, window: int = 0):
+    """attend(q_BTNH, k_BTKH, v_BTKH) over packed rows with `attention(q, k, v, mask)`.
+
+    window = C > 0 (dividing T, at least the longest sequence): a token's sequence lies within
+    its C-column block and the one before, so each block of queries attends to those 2C keys
+    only: T * 2C scores per row instead of T * T (a long packed row is then no dearer per
+    token than the padded rows it replaces). The scores kept are the same either way."""
+    seg_BT = jnp.asarray(segment_ids_BT)
+    B, T = seg_BT.shape
+    if not window or window >= T:
+        mask_BTS = segment_mask(seg_BT)
+        return lambda q, k, v: attention(q, k, v, mask_BTS)
+    C = int(window)
+    if T % C:
+        raise ValueError(f"packed rows of {T} tokens do not split into blocks of {C}")
+    nb = T // C
+
+    def two_blocks(x_BT):   # [B, T, ...] -> [B * nb, 2C, ...]: the block before, then its own
+        x = x_BT.reshape(B, nb, C, *x_BT.shape[2:])
+        prev = jnp.concatenate([jnp.zeros_like(x[:, :1]), x[:, :-1]], axis=1)
+        return jnp.concatenate([prev, x], axis=2).reshape(B * nb, 2 * C, *x_BT.shape[2:])
+
+    seg_q = seg_BT.reshape(B * nb, C)
+    seg_k = two_blocks(seg_BT)   # the first block's "before" is padding (segment 0)
+    t_q = jnp.arange(C)[:, None] + C                    # columns within the 2C window
+    t_k = jnp.arange(2 * C)[None, :]
+    mask = (seg_q[:, :, None] == seg_k[:, None, :]) & (seg_k[:, None, :] > 0) & (t_k <= t_q)
+
+    def attend(q_BTNH, k_BTKH, v_BTKH):
+        out = attention(q_BTNH.reshape(B * nb, C, *q_BTNH.shape[2:]), two_blocks(k_BTKH),
+                        two_blocks(v_BTKH), mask)
+        return out.reshape(B, T, *q_BTNH.shape[2:])
+
+    return attend
+
+
+__all__ = ["segment_attention", "segment_mask", "segment_positions"]

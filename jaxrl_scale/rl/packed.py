@@ -5,7 +5,10 @@ long-tailed responses most of those are padding. Here each row's valid tokens (i
 response, no padding) are laid end to end in rows of L = token_budget tokens (models/packing.py:
 segments attend only within themselves, positions restart per segment), a micro-batch is D
 such rows (D = the data-parallel size, one row per shard), and the number of micro-batches per
-update follows the batch's lengths. Every micro-batch has the shape [D, L], so the gradient
+update follows the batch's lengths. L is rounded up to a multiple of the padded row length
+T: a sequence then lies within two consecutive T-blocks of its row, and attention runs over
+those 2T keys only (models/packing.segment_attention), so a long packed row costs no more
+attention per token than the padded rows. Every micro-batch has the shape [D, L], so the gradient
 function compiles once; a host loop sums the micro-batches' gradients and one optimizer step
 applies them (verl `use_dynamic_bsz` + `ppo_max_token_len_per_gpu`, TRL `padding_free`).
 
@@ -128,12 +131,13 @@ def _data(batch, o: StepOptions) -> dict[str, jax.Array]:
     return steps._actor_data(batch, adv_BS, o.loss_cfg)
 
 
-def _micro_grads(params, mb: dict[str, jax.Array], o: StepOptions):
+def _micro_grads(params, mb: dict[str, jax.Array], o: StepOptions, window: int):
     """(float32 gradients, additive metrics, token sums, loss tokens) of one packed micro-batch
     [D, L]: logits at packed position l score token l + 1, whose fields sit at l + 1 (a
     segment's first token is a prompt token, outside every mask: nothing crosses segments)."""
     def loss_fn(p):
-        h_DLH = hidden_states(o.cfg, p, mb["tokens"], remat=o.remat, segment_ids_BT=mb["seg"])
+        h_DLH = hidden_states(o.cfg, p, mb["tokens"], remat=o.remat, segment_ids_BT=mb["seg"],
+                              window=window)
         logits_DSV = logits_from_hidden(o.cfg, p, h_DLH)[:, :-1]
         frame = {f"{k}_BS": mb[k][:, 1:] for k in _FIELDS if k in mb}
         loss, additive, token_sums = steps.policy_terms(o.loss_cfg, logits_DSV,
@@ -161,19 +165,25 @@ class PackedGRPO:
         self.D = shd.data_parallel_size(mesh) if mesh is not None else 1
         o = options
         self._data = jax.jit(functools.partial(_data, o=o))
-        self._grads = jax.jit(functools.partial(_micro_grads, o=o))
+        self._grads = jax.jit(functools.partial(_micro_grads, o=o), static_argnames="window")
         self._apply = jax.jit(functools.partial(_apply, o=o))
         self._add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
+
+    def row_len(self, T: int) -> int:
+        """The packed row length for padded rows of T: the budget rounded up to a multiple of
+        T, the block of the packed attention (models/packing.segment_attention)."""
+        return -(-self.L // T) * T
 
     def warm(self, state, batch) -> None:
         """Compile every piece on `batch`'s shapes and an empty micro-batch (results
         discarded): a run's clock then never times a compile."""
         data = jax.device_get(self._data(batch))
-        mb = {k: np.zeros((self.D, self.L), np.float32) for k in _FIELDS
+        T = data["tokens_BT"].shape[1]
+        L = self.row_len(T)
+        mb = {k: np.zeros((self.D, L), np.float32) for k in _FIELDS
               if f"{k}_BS" in data or k == "w"}
-        mb.update(tokens=np.zeros((self.D, self.L), np.int32),
-                  seg=np.zeros((self.D, self.L), np.int32))
-        g, add, sums, _ = self._grads(state.params, self._put(mb))
+        mb.update(tokens=np.zeros((self.D, L), np.int32), seg=np.zeros((self.D, L), np.int32))
+        g, add, sums, _ = self._grads(state.params, self._put(mb), window=T)
         self._add(g, g), self._add(add, add), self._add(sums, sums)
         self._apply(state, g)
 
@@ -207,7 +217,9 @@ class PackedGRPO:
         w_BT = np.pad(np.asarray(steps.token_weights(mask_BS, o.loss_cfg.agg)),
                       ((0, 0), (1, 0)))
         keep_B = np.asarray(data["mask_BS"][rows]).any(axis=1)
-        plan = plan_packing(data["valid_BT"][rows], keep_B, o.group_size, self.D, self.L)
+        T = data["tokens_BT"].shape[1]
+        plan = plan_packing(data["valid_BT"][rows], keep_B, o.group_size, self.D,
+                            self.row_len(T))
         packed = {k: plan.pack(v[rows]) for k, v in cols.items()}
         packed.update(w=plan.pack(w_BT), tokens=plan.pack(data["tokens_BT"][rows]),
                       seg=plan.seg_MDL)
@@ -216,7 +228,8 @@ class PackedGRPO:
         n_tok = 0.0
         for m in range(plan.micro_batches):
             g, add, sums, n = self._grads(state.params,
-                                          self._put({k: v[m] for k, v in packed.items()}))
+                                          self._put({k: v[m] for k, v in packed.items()}),
+                                          window=T)
             grads = self._add(grads, g)
             additive = add if additive is None else self._add(additive, add)
             token_sums = sums if token_sums is None else self._add(token_sums, sums)
