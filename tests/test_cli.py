@@ -67,6 +67,8 @@ TRAIN_ROWS = [
     ("--refill --refill_cap=4 --refill_prompts=-1", "refill_prompts"),
     ("--refill --refill_cap=4 --algo=ppo --group_size=1", "refill"),
     ("--refill --refill_cap=4 --gen_batch_ratio=2", "refill"),
+    ("--token_budget=-1", "token_budget"), ("--token_budget=64 --micro_batches=2", "micro_batches"),
+    ("--token_budget=64 --ratio_level=sequence", "ratio_level"),
     ("--algo=ppo --group_size=1 --critic_minibatches=3", "critic_minibatches"),
     ("--algo=ppo --group_size=1 --critic_lr_rule=cubic", "critic_lr_rule"),
     ("--wandb_mode=cloud", "wandb_mode"), ("--reward_fn=nocolon", "reward_fn"),
@@ -501,6 +503,10 @@ BENCH_ROWS = {
         ("--group_size=7", "group_size"), ("--micro_batches=3", "micro_batches"),
         ("--micro_batches=0", "micro_batches"), ("--repeats=0", "repeats"),
         ("--dtype=fp8", "dtype"), ("--model=nope", "model"), ("--matmul_n=0", "matmul_n")],
+    "jaxrl_scale.cli.pack_bench": [
+        ("--prompts=0", "prompts"), ("--group_size=1", "group_size"), ("--max_ops=0", "max_ops"),
+        ("--token_budget=-1", "token_budget"), ("--token_budget=10", "token_budget"),
+        ("--rounds=0", "rounds"), ("--model=nope", "model"), ("--json_out={file}/x.json", "json_out")],
     "jaxrl_scale.cli.rl_bench": [
         ("--prompts=0", "prompts"), ("--prompts=x", "prompts"), ("--group=1", "group"),
         ("--steps=2 --discard=2", "discard"), ("--rounds=0", "rounds"),

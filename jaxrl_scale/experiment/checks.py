@@ -236,3 +236,36 @@ def check_refill(cfg: TrainConfig) -> None:
         raise _err("refill", "refill regenerates the synchronous rollout; the slot engine's "
                    "partial rollout (gen_batch_ratio / max_staleness / --rollout=engine) "
                    "does not refill", "use --gen_batch_ratio=1 --rollout=auto, or drop --refill")
+
+
+def check_packing(cfg: TrainConfig, data_parallel: int | None = None, model_cfg=None) -> None:
+    """--token_budget (rl/packed.py): GRPO with token-level ratios on a dense, fully trained
+    model; the budget decides the micro-batches; and one micro-batch's D rows must hold any
+    group of G sequences of up to max_prompt_len + max_new_tokens tokens (checked once the
+    data-parallel size D and the prompt length are known)."""
+    if not cfg.token_budget:
+        return
+    from jaxrl_scale.rl.packed import min_budget
+    refusals = (
+        (cfg.algo != "grpo", "algo", f"packing runs GRPO's update; --algo={cfg.algo}'s critic "
+         "is padded", "use --algo=grpo, or --token_budget=0"),
+        (cfg.loss.ratio_level != "token", "ratio_level", "packing needs token-level ratios "
+         "(GSPO's sequence ratio spans a row)", "use --ratio_level=token, or --token_budget=0"),
+        (bool(cfg.lora_rank), "lora_rank", "packing trains the full model", "use "
+         "--lora_rank=0, or --token_budget=0"),
+        (cfg.micro_batches > 1, "micro_batches", f"{cfg.micro_batches}: with --token_budget "
+         "the budget decides the micro-batches", "drop --micro_batches"),
+        (model_cfg is not None and model_cfg.is_moe, "token_budget", "packing runs dense "
+         "models (the MoE router's load-balancing loss is per padded row)",
+         "use a dense model, or --token_budget=0"))
+    for bad, field, problem, fix in refusals:
+        if bad:
+            raise _err(field, problem, fix)
+    T = cfg.max_prompt_len + cfg.max_new_tokens
+    if data_parallel is not None and cfg.max_prompt_len:
+        need = min_budget(T, cfg.group_size, data_parallel)
+        if cfg.token_budget < need:
+            raise _err("token_budget", f"{cfg.token_budget} < {need}: one micro-batch "
+                       f"({data_parallel} row(s)) must hold a group of {cfg.group_size} "
+                       f"sequences of up to max_prompt_len + max_new_tokens = {T} tokens",
+                       f"use --token_budget >= {need}")

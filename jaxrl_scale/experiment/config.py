@@ -10,8 +10,8 @@ import typing
 from typing import Any
 
 from jaxrl_scale.experiment.checks import (check_eval_mode, check_lora, check_mesh, check_paths,
-                                           check_refill, check_reward, check_task, check_updates,
-                                           check_wandb)
+                                           check_packing, check_refill, check_reward, check_task,
+                                           check_updates, check_wandb)
 from jaxrl_scale.experiment.errors import ConfigError  # noqa: F401  (re-exported)
 from jaxrl_scale.optim import ADAM_RULES
 from jaxrl_scale.rl.config import LOSS_CHOICES, LossConfig, invalid_is_cap
@@ -125,6 +125,11 @@ class TrainConfig:
     loss: LossConfig = dataclasses.field(default_factory=lambda: LossConfig(clip_high=0.28))
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     micro_batches: int = 1
+    # GRPO: pack each row's tokens (no padding) into rows of this many tokens, one per
+    # data-parallel shard, and run as many such micro-batches as the lengths need (rl/packed.py;
+    # verl ppo_max_token_len_per_gpu, TRL padding_free). 0: the padded update. Packing runs
+    # every row's own prompt (it replaces --share_prompt) and decides the micro-batches.
+    token_budget: int = 0
     # GRPO: run each group's prompt once in the update (the G responses share it; same loss
     # and gradients on fewer tokens, rl/steps.grpo_step shared_prompt_len). False: every row.
     share_prompt: bool = True
@@ -310,7 +315,7 @@ RANGES: dict[str, tuple[float, float, bool]] = {
         "max_responses", "num_train_examples", "num_test_examples", "max_prompt_len", "seed",
         "warmup_steps", "top_k", "max_grad_norm", "clip_high", "vf_clip", "kl_coef",
         "entropy_coef", "router_aux_coef", "target_margin", "temperature", "dual_clip",
-        "reward_timeout_s", "refill_cap", "refill_prompts")},
+        "reward_timeout_s", "refill_cap", "refill_prompts", "token_budget")},
     **{k: (0, _INF, True) for k in ("base_lr", "critic_base_lr", "eps")},
     **{k: (0, 1, False) for k in ("clip_low", "gamma", "lam", "target")},
     **{k: (0, 1, True) for k in ("top_p",)},
@@ -405,6 +410,7 @@ def validate(cfg: TrainConfig, *, data_parallel: int | None = None,
     check_lora(cfg)
     check_updates(cfg, data_parallel)
     check_refill(cfg)
+    check_packing(cfg, data_parallel)
     if cfg.target_margin and not cfg.target:
         raise _err("target_margin", "is set but --target is 0 (no target stop)",
                    "set --target too, or drop --target_margin")

@@ -37,7 +37,7 @@ from jaxrl_scale import interrupt
 from jaxrl_scale import optim
 from jaxrl_scale import sharding as shd
 from jaxrl_scale.checkpoint import Checkpointer, load_pytree
-from jaxrl_scale.experiment.checks import check_lora, hf_checkpoint_errors
+from jaxrl_scale.experiment.checks import check_lora, check_packing, hf_checkpoint_errors
 from jaxrl_scale.experiment.common import write_json
 from jaxrl_scale.experiment.config import (TrainConfig, check_resume, validate_for_devices,
                                            write_config)
@@ -53,6 +53,7 @@ from jaxrl_scale.models import lora
 from jaxrl_scale.rl import exact_eval
 from jaxrl_scale.rl.batch import RolloutBatch, check_shared_prompts, rollout_batch
 from jaxrl_scale.rl.config import StepOptions
+from jaxrl_scale.rl.packed import PackedGRPO
 from jaxrl_scale.rl.partial import PartialRollout
 from jaxrl_scale.rl.refill import Refill, refill_rollout
 from jaxrl_scale.rl.rollout import (LoopState, Rollout, SamplingSettings, generate_rollout,
@@ -141,6 +142,8 @@ class Run:
             load_inputs(cfg)
         self.sampling = SamplingSettings(cfg.sampling, cfg.max_new_tokens, self.tok.eos_id,
                                          self.tok.pad_id, cfg.generate_chunk)
+        check_packing(cfg.replace(max_prompt_len=self.prompt_len),
+                      shd.data_parallel_size(self.mesh), self.model_cfg)
         from jaxrl_scale.data import PromptStream, reward_for_task, user_reward
         # The engine admits one prompt group at a time; the example order is the same.
         self.stream = PromptStream(self.train_src, 1 if cfg.use_engine else cfg.prompts_per_step,
@@ -189,6 +192,8 @@ class Run:
                                   critic_epochs=cfg.critic_epochs)
         self.step_fn = make_train_step(grpo_step if cfg.algo == "grpo" else ppo_step,
                                        self.init_states, mesh=self.mesh, options=options)
+        self.packed = PackedGRPO(options, cfg.token_budget, self.mesh) if cfg.token_budget \
+            else None
         self.critic_schedule = None if cfg.algo != "ppo" else {
             "critic_updates": cfg.critic_minibatches * cfg.critic_epochs,
             "critic_batch": cfg.batch_train // cfg.critic_minibatches,
@@ -269,14 +274,19 @@ class Run:
         throughput q of a run must not depend on how many steps the run happens to take.
         """
         t0 = time.perf_counter()
-        shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                              self._dummy_batch())
-        compiled = self.step_fn.jitted.lower(*self.init_states, shapes).compile()
         mesh = self.mesh
+        if self.packed is not None:   # its micro-batch shape and the optimizer step
+            update = self.packed
+            update.warm(self.init_states[0], jax.device_put(self._dummy_batch(),
+                                                            shd.batch_sharding(mesh)))
+        else:
+            shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                  self._dummy_batch())
+            compiled = self.step_fn.jitted.lower(*self.init_states, shapes).compile()
 
-        def update(*args):
-            shd.check_batch_divisible(mesh, args[-1])
-            return compiled(*args)
+            def update(*args):
+                shd.check_batch_divisible(mesh, args[-1])
+                return compiled(*args)
 
         cfg, params = self.cfg, self.policy_params(self.init_states[0])
         if self.partial is not None:   # every admission bucket (whole groups) and the decode
@@ -329,7 +339,7 @@ class Run:
         """rollout -> rewards -> batch -> (reference scores) -> update: (the loop state after
         update number loop.step + 1, the step's training record). `update`: the compiled
         step from `compile()` (default: `step_fn`, compiled at its first call)."""
-        cfg, update = self.cfg, update or self.step_fn
+        cfg, update = self.cfg, update or self.packed or self.step_fn
         step = loop.step + 1
         t0 = time.perf_counter()
         gen_seed = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), step)

@@ -31,7 +31,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from jaxrl_scale.models import moe
+from jaxrl_scale.models import moe, packing
 from jaxrl_scale.models.config import ModelConfig
 
 Params = dict[str, Any]
@@ -394,21 +394,27 @@ def logits_from_hidden(cfg: ModelConfig, params: Params, h_BTD) -> jax.Array:
 # ----------------------------------------------------------------------------- full sequences
 
 def hidden_states(cfg: ModelConfig, params: Params, tokens_BT, valid_BT=None, *,
-                  remat: bool = False, return_router_logits: bool = False) -> jax.Array:
+                  remat: bool = False, return_router_logits: bool = False,
+                  segment_ids_BT=None, window: int = 0) -> jax.Array:
     """Residual stream before the final norm, [B, T, D]. Used by the LM head and value heads.
 
     return_router_logits (MoE only): return (h_BTD, router_logits_LBTE float32), the inputs of
-    the load-balancing loss (moe.load_balancing_loss)."""
+    the load-balancing loss (moe.load_balancing_loss). segment_ids_BT: packed rows (models/
+    packing.py; valid_BT is then ignored: padding is segment 0), attended in blocks of
+    `window` when given."""
     _check_router(cfg, return_router_logits)
     B, T = tokens_BT.shape
     if valid_BT is None:
         valid_BT = jnp.ones((B, T), bool)
-    rope_BT = rope_tables(cfg, positions_from_valid(valid_BT))
-    causal_TT = jnp.tril(jnp.ones((T, T), bool))
-    mask_BTS = causal_TT[None] & valid_BT[:, None, :]
+    if segment_ids_BT is not None:
+        rope_BT = rope_tables(cfg, packing.segment_positions(segment_ids_BT))
+        attend = packing.segment_attention(segment_ids_BT, _attention, window)
+    else:
+        rope_BT = rope_tables(cfg, positions_from_valid(valid_BT))
+        mask_BTS = jnp.tril(jnp.ones((T, T), bool))[None] & valid_BT[:, None, :]
 
-    def attend(q, k, v):
-        return _attention(q, k, v, mask_BTS)
+        def attend(q, k, v):
+            return _attention(q, k, v, mask_BTS)
 
     def block(x, lp):
         return _layer(cfg, lp, x, rope_BT, attend, with_router=return_router_logits)

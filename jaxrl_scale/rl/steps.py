@@ -161,10 +161,53 @@ def _policy_logits(cfg, params, mb, remat, shared_prompt_len, group_size):
     return logits_from_hidden(cfg, params, h_BTD)[:, :-1], tokens_BT[:, 1:], lambda x: x, aux
 
 
+def policy_terms(lc: LossConfig, logits_BSV: Array, actions_BS: Array, mb: dict):
+    """(loss, additive metrics, token sums) of the actor from the logits of the actions: the
+    clipped surrogate weighted by mb["w_BS"] (the batch's aggregation, rl/steps token_weights),
+    the entropy bonus and the KL penalty; mb holds mask_BS, w_BS, old_logp_BS, adv_BS and
+    optionally prox_logp_BS / ref_logp_BS, all in the frame of actions_BS. Shared by the padded
+    update here and the packed one (rl/packed.py)."""
+    clip = dict(clip_low=lc.clip_low, clip_high=lc.clip_high, dual_clip=lc.dual_clip or None)
+    logp_BS = losses.token_logprobs(logits_BSV, actions_BS, lc.temperature)
+    mask_BS, w_BS = mb["mask_BS"], mb["w_BS"]
+    old_BS, adv_BS = mb["old_logp_BS"], mb["adv_BS"]
+
+    # Decoupled PPO (off-policy rollouts) and truncated IS: with one update per batch the
+    # params being differentiated are the pre-update (proximal, "trainer") policy, so its
+    # log-probs are sg(logp_BS) of this very forward pass: no second scoring pass.
+    prox_BS = mb.get("prox_logp_BS")
+    if prox_BS is None and (lc.decoupled or lc.is_cap):
+        prox_BS = sg(logp_BS)
+    pg_kw = dict(clip, prox_logp_BT=prox_BS, is_cap=lc.is_cap or None,
+                 ratio_level=lc.ratio_level)
+    pg_loss = _weighted_sum(losses.policy_loss, logp_BS, old_BS, adv_BS, weights_BS=w_BS,
+                            **pg_kw)
+    _, pg_metrics = losses.policy_loss(sg(logp_BS), old_BS, adv_BS, mask_BS, agg=lc.agg,
+                                       **pg_kw)
+    scaled_BSV = logits_BSV / lc.temperature if lc.temperature > 0 else logits_BSV
+    if not lc.entropy_coef:
+        scaled_BSV = sg(scaled_BSV)
+    ent_BS = losses.entropy_from_logits(scaled_BSV)
+    loss = pg_loss - lc.entropy_coef * jnp.sum(ent_BS * w_BS)
+    n_tok = jnp.sum(mask_BS)
+    token_sums = {k: v * n_tok for k, v in pg_metrics.items()}
+    token_sums["entropy"] = jnp.sum(sg(ent_BS) * mask_BS)
+    # the sampler's log-probs (old_BS) vs the trainer's at the pre-update params (with
+    # several updates per batch and no prox_logp_BT, later updates see moved params)
+    trainer_BS = sg(logp_BS) if prox_BS is None else prox_BS
+    token_sums["mismatch_kl"] = losses.mismatch_kl(trainer_BS, old_BS, mask_BS) * n_tok
+    additive = {"pg_loss": sg(pg_loss)}
+    if "ref_logp_BS" in mb:
+        kl_BS = losses.kl_penalty(logp_BS, mb["ref_logp_BS"], lc.kl_kind)
+        if lc.kl_coef:
+            loss = loss + lc.kl_coef * jnp.sum(kl_BS * w_BS)
+        token_sums["kl"] = jnp.sum(sg(kl_BS) * mask_BS)
+    return loss, additive, token_sums
+
+
 def _actor_loss_fn(cfg: ModelConfig, loss_cfg: LossConfig, remat: bool, global_denom: Array,
                    shared_prompt_len: int = 0, group_size: int = 1):
     lc = loss_cfg
-    clip = dict(clip_low=lc.clip_low, clip_high=lc.clip_high, dual_clip=lc.dual_clip or None)
     if lc.router_aux_coef and not cfg.is_moe:
         raise ValueError(f"LossConfig.router_aux_coef={lc.router_aux_coef} needs a "
                          f"mixture-of-experts model (ModelConfig.num_experts > 0); "
@@ -175,40 +218,7 @@ def _actor_loss_fn(cfg: ModelConfig, loss_cfg: LossConfig, remat: bool, global_d
         logits_BSV, actions_BS, frame, router_aux = _policy_logits(
             cfg, params, mb, remat, shared_prompt_len, group_size)
         mb = {k: frame(v) if k.endswith("_BS") else v for k, v in mb.items()}
-        logp_BS = losses.token_logprobs(logits_BSV, actions_BS, lc.temperature)
-        mask_BS, w_BS = mb["mask_BS"], mb["w_BS"]
-        old_BS, adv_BS = mb["old_logp_BS"], mb["adv_BS"]
-
-        # Decoupled PPO (off-policy rollouts) and truncated IS: with one update per batch the
-        # params being differentiated are the pre-update (proximal, "trainer") policy, so its
-        # log-probs are sg(logp_BS) of this very forward pass: no second scoring pass.
-        prox_BS = mb.get("prox_logp_BS")
-        if prox_BS is None and (lc.decoupled or lc.is_cap):
-            prox_BS = sg(logp_BS)
-        pg_kw = dict(clip, prox_logp_BT=prox_BS, is_cap=lc.is_cap or None,
-                     ratio_level=lc.ratio_level)
-        pg_loss = _weighted_sum(losses.policy_loss, logp_BS, old_BS, adv_BS, weights_BS=w_BS,
-                                **pg_kw)
-        _, pg_metrics = losses.policy_loss(sg(logp_BS), old_BS, adv_BS, mask_BS, agg=lc.agg,
-                                           **pg_kw)
-        scaled_BSV = logits_BSV / lc.temperature if lc.temperature > 0 else logits_BSV
-        if not lc.entropy_coef:
-            scaled_BSV = sg(scaled_BSV)
-        ent_BS = losses.entropy_from_logits(scaled_BSV)
-        loss = pg_loss - lc.entropy_coef * jnp.sum(ent_BS * w_BS)
-        n_tok = jnp.sum(mask_BS)
-        token_sums = {k: v * n_tok for k, v in pg_metrics.items()}
-        token_sums["entropy"] = jnp.sum(sg(ent_BS) * mask_BS)
-        # the sampler's log-probs (old_BS) vs the trainer's at the pre-update params (with
-        # several updates per batch and no prox_logp_BT, later updates see moved params)
-        trainer_BS = sg(logp_BS) if prox_BS is None else prox_BS
-        token_sums["mismatch_kl"] = losses.mismatch_kl(trainer_BS, old_BS, mask_BS) * n_tok
-        additive = {"pg_loss": sg(pg_loss)}
-        if "ref_logp_BS" in mb:
-            kl_BS = losses.kl_penalty(logp_BS, mb["ref_logp_BS"], lc.kl_kind)
-            if lc.kl_coef:
-                loss = loss + lc.kl_coef * jnp.sum(kl_BS * w_BS)
-            token_sums["kl"] = jnp.sum(sg(kl_BS) * mask_BS)
+        loss, additive, token_sums = policy_terms(lc, logits_BSV, actions_BS, mb)
         if router_aux is not None:
             # Not a sum over tokens: each micro-batch's loss counts with its share of the
             # batch's valid tokens (aux_share_B), so M = 1 gives exactly the batch's aux loss
