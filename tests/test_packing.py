@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from numerics import EPS32, assert_tree_close, tree_diff
-from test_steps import (CFG, FAST_COMPILE, GT, LOSS_CFG, LR_FN, R, TP, TX,  # noqa: F401
+from test_steps import (CFG, GT, LOSS_CFG, LR_FN, R, TP, TX,
                         assert_metrics_close, grpo_reference, make_grpo_batch, new_state,
                         np_params, run_grpo)
 
