@@ -183,9 +183,9 @@ class PackedGRPO:
         mb = {k: np.zeros((self.D, L), np.float32) for k in _FIELDS
               if f"{k}_BS" in data or k == "w"}
         mb.update(tokens=np.zeros((self.D, L), np.int32), seg=np.zeros((self.D, L), np.int32))
-        g, add, sums, _ = self._grads(state.params, self._put(mb), window=T)
-        self._add(g, g), self._add(add, add), self._add(sums, sums)
-        self._apply(state, g)
+        out = self._grads(state.params, self._put(mb), window=T)
+        self._add(out, out)
+        self._apply(state, out[0])
 
     def _put(self, x):
         return x if self.mesh is None else jax.device_put(x, shd.batch_sharding(self.mesh))
@@ -223,21 +223,17 @@ class PackedGRPO:
         packed = {k: plan.pack(v[rows]) for k, v in cols.items()}
         packed.update(w=plan.pack(w_BT), tokens=plan.pack(data["tokens_BT"][rows]),
                       seg=plan.seg_MDL)
-        grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-        additive = token_sums = None
-        n_tok = 0.0
+        acc = None   # (grads, additive, token sums, loss tokens), summed on the device
         for m in range(plan.micro_batches):
-            g, add, sums, n = self._grads(state.params,
-                                          self._put({k: v[m] for k, v in packed.items()}),
-                                          window=T)
-            grads = self._add(grads, g)
-            additive = add if additive is None else self._add(additive, add)
-            token_sums = sums if token_sums is None else self._add(token_sums, sums)
-            n_tok += float(n)
+            out = self._grads(state.params, self._put({k: v[m] for k, v in packed.items()}),
+                              window=T)
+            acc = out if acc is None else self._add(acc, out)
+        grads, additive, token_sums, n_tok = acc
         state, opt = self._apply(state, grads)
-        metrics = dict(jax.device_get(additive or {}))
+        n_tok = float(n_tok)
+        metrics = dict(jax.device_get(additive))
         metrics.update({k: float(v) / max(n_tok, 1.0)
-                        for k, v in jax.device_get(token_sums or {}).items()})
+                        for k, v in jax.device_get(token_sums).items()})
         sq = float(sqnorm(grads))
         metrics.update(grad_sqnorm=sq, grad_norm=float(np.sqrt(sq)), tokens=n_tok,
                        **jax.device_get(opt))
