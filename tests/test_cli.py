@@ -61,6 +61,8 @@ TRAIN_ROWS = [
     ("--updates_per_rollout=3", "updates_per_rollout"),       # 32 prompts: 3 does not divide
     ("--updates_per_rollout=16 --micro_batches=4", "updates_per_rollout"),
     ("--updates_per_rollout=2 --is_cap=2", "updates_per_rollout"),
+    ("--update_epochs=0", "update_epochs"),
+    ("--update_epochs=2 --is_cap=2", "update_epochs"),
     ("--algo=ppo --group_size=1 --critic_minibatches=3", "critic_minibatches"),
     ("--algo=ppo --group_size=1 --critic_lr_rule=cubic", "critic_lr_rule"),
     ("--wandb_mode=cloud", "wandb_mode"), ("--reward_fn=nocolon", "reward_fn"),

@@ -37,8 +37,9 @@ def step_metrics(m: dict, micro_batch_size: int, max_grad_norm: float,
     the noise scale reads from these fields).
 
     actor_batch: responses per actor update when the actor makes several per rollout
-    (updates_per_rollout > 1; recorded as `actor_batch`, the noise scale's big batch): its
-    metrics then carry a leading [updates] axis too and are logged the same way. Cumulative
+    (updates_per_rollout x update_epochs > 1; recorded as `actor_batch`, the noise scale's
+    big batch): its metrics then carry a leading [updates] axis too and are logged the same
+    way. Cumulative
     counters (`*_nonfinite_count`) take the last update's value; `clipped` is whether
     clipping acted on any of the actor's updates.
     """
