@@ -6,6 +6,7 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from test_steps import (CFG, FAST_COMPILE, GT, LOSS_CFG, LR_FN, TP, TX, make_grpo_batch,
@@ -114,6 +115,37 @@ def test_two_epochs_of_two_minibatches_are_four_sequential_steps(params):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
 
 
+def test_an_all_filtered_minibatch_makes_no_update(params):
+    """filter_zero_variance can leave a minibatch with only filtered groups (loss mask all
+    zero): its gradient is zero, but Adam's momentum would still move the params and the
+    step count would advance. At k = 2 with minibatch 1 (groups 1, 3, 5, 7) all zero-variance
+    and filtered, the step is one update on minibatch 0 alone: the same params (to the k = 2
+    test's two-programs tolerance), the same Adam count and state.step, exactly; the record
+    counts the skipped minibatch and its means are over the update made."""
+    from jaxrl_scale.experiment.records import step_metrics
+    batch = make_grpo_batch(0, shared_group=GT)
+    odd_B = (np.arange(batch.rewards_B.shape[0]) // GT) % 2 == 1
+    batch = batch.replace(rewards_B=jnp.where(odd_B, 0.5, batch.rewards_B),
+                          loss_mask_BT=batch.loss_mask_BT & ~odd_B[:, None])
+    two, m2 = _step(shared_prompt_len=TP, num_minibatches=2)(new_state(params), batch)
+    first = jax.tree.map(lambda x: None if x is None else split_rows(x, 2, GT)[0], batch)
+    one, m1 = _step(shared_prompt_len=TP)(new_state(params), first)
+    assert int(two.step) == int(one.step) == 1
+    assert np.asarray(m2["empty_minibatch"]).tolist() == [0.0, 1.0]
+    diff, norm = _max_diff_vs_norm(two.params, one.params)
+    assert diff <= 1e-6 * norm, (diff, norm)
+    for x, y in zip(_leaves(two.opt_state), _leaves(one.opt_state)):
+        if np.issubdtype(x.dtype, np.integer):
+            np.testing.assert_array_equal(x, y)   # Adam's count and the schedule's
+        else:
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+    rec = step_metrics(jax.device_get(m2), 8, 1.0, actor_batch=8)
+    assert rec["empty_minibatches"] == 1 and "empty_minibatch" not in rec
+    np.testing.assert_allclose(rec["actor_loss"], float(m1["actor_loss"]), rtol=1e-5)
+    np.testing.assert_allclose(rec["actor_grad_sqnorm"], float(m1["actor_grad_sqnorm"]),
+                               rtol=1e-4)
+
+
 def test_ppo_actor_takes_the_updates_the_critic_its_own(params):
     """PPO: updates_per_rollout is the actor's num_minibatches; the critic keeps its own
     critic_minibatches (the trainer always passes it, default 1)."""
@@ -163,6 +195,7 @@ def test_train_two_updates_per_rollout(tmp_path):
     assert r["actor_batch"] == 8 and r["micro_batch_size"] == 8
     assert isinstance(r["actor_loss"], float) and len(r["actor_grad_sqnorm_micro"]) == 1
     assert "actor_batch" not in recs[1][-1] and recs[1][-1]["micro_batch_size"] == 16
+    assert r["empty_minibatches"] == 0 and "empty_minibatches" not in recs[1][-1]
     run = io.read_run(str(tmp_path / "r2"))
     assert run.updates_per_rollout == 2 and run.group == "r2_u2"
     assert io.read_run(str(tmp_path / "r1")).updates_per_rollout == 1
