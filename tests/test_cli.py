@@ -69,6 +69,8 @@ TRAIN_ROWS = [
     ("--refill --refill_cap=4 --gen_batch_ratio=2", "refill"),
     ("--token_budget=-1", "token_budget"), ("--token_budget=64 --micro_batches=2", "micro_batches"),
     ("--token_budget=64 --ratio_level=sequence", "ratio_level"),
+    ("--update_epochs=0", "update_epochs"),
+    ("--update_epochs=2 --is_cap=2", "update_epochs"),
     ("--algo=ppo --group_size=1 --critic_minibatches=3", "critic_minibatches"),
     ("--algo=ppo --group_size=1 --critic_lr_rule=cubic", "critic_lr_rule"),
     ("--wandb_mode=cloud", "wandb_mode"), ("--reward_fn=nocolon", "reward_fn"),

@@ -177,3 +177,21 @@ def test_bad_token_budgets_name_the_field(kw, field):
     with pytest.raises(ConfigError) as e:
         validate(TrainConfig.make(**kw), data_parallel=1)
     assert e.value.field == field and "\n" not in str(e.value)
+
+
+def test_a_filtered_minibatch_makes_no_packed_update(params):
+    """num_minibatches = 2 with every group of minibatch 1 filtered: the packed update skips
+    it as the padded one does (one optimizer step, empty_minibatch flags 0, 1)."""
+    batch = make_grpo_batch(5)
+    mask = np.asarray(batch.loss_mask_BT).copy()
+    for g in range(1, len(mask) // GT, 2):     # minibatch 1 = groups 1, 3, 5, 7
+        mask[g * GT:(g + 1) * GT] = False
+    batch = batch.replace(loss_mask_BT=jnp.asarray(mask))
+    padded, pm = run_grpo(params, [batch], 1, num_minibatches=2)
+    state, m = _run_packed(params, [batch], 2 * T, num_minibatches=2)
+    assert int(state.step) == int(padded.step) == 1
+    np.testing.assert_array_equal(m[0]["empty_minibatch"], [0.0, 1.0])
+    np.testing.assert_array_equal(np.asarray(pm[0]["empty_minibatch"]), [0.0, 1.0])
+    _, _, floor = grpo_reference(params, [batch])
+    assert_tree_close(state.params, padded.params, 4 * floor["params"],
+                      tree_diff(padded.params, params))

@@ -192,20 +192,23 @@ def _check_mesh_expert(cfg: TrainConfig, n_devices: int) -> None:
 
 def check_updates(cfg: TrainConfig, data_parallel: int | None = None) -> None:
     """updates_per_rollout = U > 1: U minibatches of whole prompt groups, each split into
-    micro_batches of whole groups, each of those over the data-parallel devices; and
-    is_cap's trainer log-probs (the loss's own forward pass) are pre-update only for the
-    first of the U updates."""
+    micro_batches of whole groups, each of those over the data-parallel devices; and with
+    U x update_epochs > 1 updates, is_cap's trainer log-probs (the loss's own forward pass)
+    are pre-update only for the first of them."""
     U, M, P = cfg.updates_per_rollout, cfg.micro_batches, cfg.prompts_per_step
+    E = cfg.update_epochs
+    if U * E > 1 and cfg.loss.is_cap:
+        field = "updates_per_rollout" if U > 1 else "update_epochs"
+        raise _err(field, f"{U} minibatches x {E} epochs = {U * E} updates per rollout with "
+                   f"--is_cap={cfg.loss.is_cap}: the trainer's log-probs are the pre-update "
+                   "ones only for the first update",
+                   f"use --{field}=1 or --is_cap=0")
     if U == 1:
         return
     if P % (U * M):
         raise _err("updates_per_rollout", f"{U} minibatches x {M} micro-batches do not "
                    f"divide the {P} prompt groups (minibatches hold whole groups)",
                    "choose updates_per_rollout * micro_batches dividing prompts_per_step")
-    if cfg.loss.is_cap:
-        raise _err("updates_per_rollout", f"{U} updates per rollout with --is_cap="
-                   f"{cfg.loss.is_cap}: the trainer's log-probs are the pre-update ones only "
-                   "for the first update", "use --updates_per_rollout=1 or --is_cap=0")
     if data_parallel is not None and (cfg.batch_train // (U * M)) % data_parallel:
         raise _err("updates_per_rollout", f"the micro-batch of {cfg.batch_train // (U * M)} "
                    f"responses (P*G / (updates_per_rollout * micro_batches)) does not divide "

@@ -144,6 +144,10 @@ class TrainConfig:
     # 1: one update on the whole batch. Samples stay responses generated; `step` counts
     # rollouts and the record's `updates` the optimizer updates (the lr schedule's count).
     updates_per_rollout: int = 1
+    # Passes over those minibatches (verl ppo_epochs, TRL num_iterations): updates_per_rollout
+    # x update_epochs Adam updates of the policy per rollout, each still on B_train /
+    # updates_per_rollout responses (the lr rule's batch). 1: each minibatch once.
+    update_epochs: int = 1
     # --- schedule
     max_steps: int = 100
     max_responses: int = 0             # response budget (0: none)
@@ -309,7 +313,7 @@ RANGES: dict[str, tuple[float, float, bool]] = {
         "prompts_per_step", "group_size", "max_new_tokens", "gen_batch_ratio", "engine_steps",
         "micro_batches", "max_steps", "eval_every", "eval_prompts", "eval_samples",
         "generate_chunk", "checkpoint_every", "base_batch", "critic_minibatches",
-        "critic_epochs", "mesh_expert", "updates_per_rollout")},
+        "critic_epochs", "mesh_expert", "updates_per_rollout", "update_epochs")},
     "lora_rank": (0, _INF, False), "lora_alpha": (0, _INF, True),
     **{k: (0, _INF, False) for k in (
         "max_responses", "num_train_examples", "num_test_examples", "max_prompt_len", "seed",

@@ -25,6 +25,15 @@ def eval_se(ok_PK: np.ndarray) -> float | None:
     return float(np.sqrt(var_P.sum() / K) / P)
 
 
+def _updates_made(empty_U) -> Any:
+    """Which of the U updates were made (a boolean index), from their empty_minibatch flags;
+    every one when there are no flags or none was made (the mean then stays defined)."""
+    if empty_U is None:
+        return slice(None)
+    made_U = np.asarray(empty_U) == 0
+    return made_U if made_U.any() else slice(None)
+
+
 def step_metrics(m: dict, micro_batch_size: int, max_grad_norm: float,
                  critic: dict | None = None, actor_batch: int | None = None) -> dict[str, Any]:
     """The update's metrics as JSON, under the step's own names (docs/usage.md, "Metrics"): scalars
@@ -37,19 +46,30 @@ def step_metrics(m: dict, micro_batch_size: int, max_grad_norm: float,
     the noise scale reads from these fields).
 
     actor_batch: responses per actor update when the actor makes several per rollout
-    (updates_per_rollout > 1; recorded as `actor_batch`, the noise scale's big batch): its
-    metrics then carry a leading [updates] axis too and are logged the same way. Cumulative
+    (updates_per_rollout x update_epochs > 1; recorded as `actor_batch`, the noise scale's
+    big batch): its metrics then carry a leading [updates] axis too and are logged the same
+    way. Cumulative
     counters (`*_nonfinite_count`) take the last update's value; `clipped` is whether
-    clipping acted on any of the actor's updates.
+    clipping acted on any of the actor's updates. A minibatch with no loss tokens makes no
+    update (rl/microbatch.multi_update): the per-update `empty_minibatch` flags are recorded
+    as their count, `empty_minibatches` (`critic_empty_minibatches`), and the means are over
+    the updates made, so a skipped one's zero gradient does not dilute the noise scale's
+    |G|^2.
     """
     out: dict[str, Any] = dict(critic or {})
     reduce = bool(critic) and critic["critic_updates"] > 1
+    made = {who: _updates_made(m.get(flag)) for who, flag in (
+        ("actor", "empty_minibatch"), ("critic", "critic_empty_minibatch"))}
     for k, v in m.items():
         if k.endswith("grads"):
             continue
         a = np.asarray(v)
-        if a.ndim and (reduce if k.startswith("critic_") else actor_batch is not None):
-            a = a[-1] if k.endswith("nonfinite_count") else a.mean(axis=0)
+        if k.endswith("empty_minibatch"):
+            out[k + "es"] = int(a.sum())
+            continue
+        who = "critic" if k.startswith("critic_") else "actor"
+        if a.ndim and (reduce if who == "critic" else actor_batch is not None):
+            a = a[-1] if k.endswith("nonfinite_count") else a[made[who]].mean(axis=0)
         out[k] = a.reshape(-1).tolist() if a.ndim else float(a)
     if actor_batch is not None:
         out["actor_batch"] = actor_batch

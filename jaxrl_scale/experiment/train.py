@@ -157,9 +157,9 @@ class Run:
         self.lora = cfg.lora
         if self.lora is not None:   # the model's own checks (an MoE model has no dense MLP)
             check_lora(cfg, self.model_cfg)
-        # updates_per_rollout = U minibatches of whole groups, one update each (epochs 1):
-        # the lr rule sees the update's batch, B_train / U
-        U = cfg.updates_per_rollout
+        # updates_per_rollout = U minibatches of whole groups, one update each, in
+        # update_epochs = E passes: the lr rule sees the update's batch, B_train / U
+        U, E = cfg.updates_per_rollout, cfg.update_epochs
         tx, lr_fn = optimizer_for(cfg, cfg.optim.base_lr, cfg.batch_train // U)
         # The initial train state(s): the loop's first LoopState (`initial_state`) and the
         # template of shapes and shardings for compiling and restoring; the update donates
@@ -178,6 +178,7 @@ class Run:
             options = StepOptions(self.model_cfg, tx, cfg.loss, cfg.micro_batches, lr_fn=lr_fn,
                                   group_size=cfg.group_size,
                                   shared_prompt_len=self.shared_prompt_len, num_minibatches=U,
+                                  epochs=E,
                                   lora_scale=self.lora.scale if self.lora else None)
         else:
             ctx, clr_fn = optimizer_for(cfg, cfg.optim.critic_base_lr,
@@ -188,6 +189,7 @@ class Run:
             self.init_states += (_state(self.mesh, self.model_cfg, critic, ctx, cfg.seed + 1),)
             options = StepOptions(self.model_cfg, tx, cfg.loss, cfg.micro_batches, lr_fn=lr_fn,
                                   critic_tx=ctx, critic_lr_fn=clr_fn, num_minibatches=U,
+                                  epochs=E,
                                   critic_minibatches=cfg.critic_minibatches,
                                   critic_epochs=cfg.critic_epochs)
         self.step_fn = make_train_step(grpo_step if cfg.algo == "grpo" else ppo_step,
@@ -375,10 +377,10 @@ class Run:
             *states, metrics = update(*states, batch)
             metrics = jax.device_get(metrics)
             rec["update_s"] = time.perf_counter() - t2  # reference + update, transfers included
-            U = cfg.updates_per_rollout
+            U, E = cfg.updates_per_rollout, cfg.update_epochs
             rec.update(step_metrics(metrics, cfg.batch_train // (U * cfg.micro_batches),
                                     cfg.optim.max_grad_norm, self.critic_schedule,
-                                    actor_batch=cfg.batch_train // U if U > 1 else None))
+                                    actor_batch=cfg.batch_train // U if U * E > 1 else None))
         rec["updates"] = int(jax.device_get(states[0].step))   # the actor's, so far
         failures = loop.reward_failures + failed
         rec.update(

@@ -98,14 +98,30 @@ def apply_grads(state: TrainState, grads: Any, tx: optax.GradientTransformation,
     return new_state, metrics
 
 
+def _skip_if_empty(one_update: Callable, mask_key: str) -> Callable:
+    """`one_update` that keeps the old state when the minibatch's `mask_key` is all zero (with
+    filter_zero_variance a minibatch can hold only filtered groups): its gradient is zero,
+    but Adam's momentum would still move the params and the step count would advance. Adds
+    the metric empty_minibatch (1.0 skipped, 0.0 applied)."""
+    def update(state, mb):
+        new, metrics = one_update(state, mb)
+        empty = jnp.sum(mb[mask_key]) == 0
+        state = jax.tree.map(lambda old, upd: jnp.where(empty, old, upd), state, new)
+        return state, dict(metrics, empty_minibatch=f32(empty))
+    return update
+
+
 def multi_update(one_update: Callable, state: TrainState, data: dict[str, Array],
-                  num_minibatches: int, epochs: int, group: int = 1):
+                  num_minibatches: int, epochs: int, group: int = 1,
+                  mask_key: str = "mask_BS"):
     """`epochs` passes over `num_minibatches` row splits, one optimizer update each.
 
     The splits hold whole groups of `group` consecutive rows (`split_rows`: minibatch m has
     groups m, m + K, m + 2K, ...), so GRPO's groups, its shared prompts and the micro-batches
     inside each minibatch stay whole. U = 1 (the default protocol) returns that update's
-    metrics; otherwise every metric gets a leading [U] axis in update order.
+    metrics; otherwise every metric gets a leading [U] axis in update order, and a minibatch
+    whose data[mask_key] is all zero makes no update (`_skip_if_empty`; U = 1 needs no
+    guard: the trainer makes no update for an all-filtered batch).
     """
     K, E = int(num_minibatches), int(epochs)
     if K == 1 and E == 1:
@@ -115,6 +131,8 @@ def multi_update(one_update: Callable, state: TrainState, data: dict[str, Array]
     B = jax.tree_util.tree_leaves(data)[0].shape[0]
     check_rows(B, K, "num_minibatches", group)
     split = jax.tree.map(lambda x: split_rows(x, K, group), data)
+    if mask_key in data:
+        one_update = _skip_if_empty(one_update, mask_key)
     per_epoch = []
     for _ in range(E):
         state, m = jax.lax.scan(one_update, state, split)

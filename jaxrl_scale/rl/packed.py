@@ -229,7 +229,12 @@ class PackedGRPO:
                               window=T)
             acc = out if acc is None else self._add(acc, out)
         grads, additive, token_sums, n_tok = acc
-        state, opt = self._apply(state, grads)
+        new_state, opt = self._apply(state, grads)
+        # several updates per rollout: a minibatch of filtered groups only makes no update
+        # (as microbatch.multi_update; Adam's momentum would move the params on a zero grad)
+        multi = o.num_minibatches * o.epochs > 1
+        empty = multi and not keep_B.any()
+        state = state if empty else new_state
         n_tok = float(n_tok)
         metrics = dict(jax.device_get(additive))
         metrics.update({k: float(v) / max(n_tok, 1.0)
@@ -237,6 +242,8 @@ class PackedGRPO:
         sq = float(sqnorm(grads))
         metrics.update(grad_sqnorm=sq, grad_norm=float(np.sqrt(sq)), tokens=n_tok,
                        **jax.device_get(opt))
+        if multi:
+            metrics["empty_minibatch"] = float(empty)
         return state, steps._named(metrics, "actor"), plan
 
 

@@ -19,7 +19,8 @@ from jaxrl_scale import sharding as shd
 class TrainState:
     params: Any        # the trained leaves: the full model, or LoRA's adapters alone
     opt_state: Any
-    step: jax.Array    # int32: optimizer updates attempted (skipped non-finite ones included)
+    step: jax.Array    # int32: optimizer updates attempted (skipped non-finite ones included;
+                       # an empty minibatch of multi_update is not one)
     rng: jax.Array     # uint32 [2] PRNG key, split once per step
     # LoRA (models/lora.py): the base model's params, an input of the step that is never
     # differentiated nor given optimizer state (None for a full update). Sharded by the

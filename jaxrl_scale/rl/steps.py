@@ -286,9 +286,10 @@ def _policy_update(state: TrainState, data: dict[str, Array], o: StepOptions):
 
 
 # Metrics of one network's update that both algorithms log: named actor_* / critic_* in the
-# step itself (docs/API.md, "Gradient-norm fields"), except the actor's lr, which is "lr".
+# step itself (docs/API.md, "Gradient-norm fields"), except the actor's lr, tokens and
+# empty_minibatch, which keep their own names.
 _PER_NETWORK = ("grad_sqnorm_micro", "grad_sqnorm", "grad_norm", "lr", "nonfinite_count",
-                "loss", "grads", "tokens")
+                "loss", "grads", "tokens", "empty_minibatch")
 
 
 def _named(metrics: dict, who: str) -> dict:
@@ -296,8 +297,8 @@ def _named(metrics: dict, who: str) -> dict:
     for k, v in metrics.items():
         if k in _PER_NETWORK:
             k = "lr" if (who == "actor" and k == "lr") else f"{who}_{k}"
-            if who == "actor" and k == "actor_tokens":
-                k = "tokens"
+            if who == "actor" and k in ("actor_tokens", "actor_empty_minibatch"):
+                k = k[len("actor_"):]
         out[k] = v
     return out
 

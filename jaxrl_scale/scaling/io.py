@@ -26,7 +26,9 @@ CONFIG_FILE = "config.json"
 
 _SEED_RE = re.compile(r"[_\-.](?:s|seed)(\d+)$")
 _RATIO_RE = re.compile(r"_k(\d+)$")   # the sweep's gen_batch_ratio tag (k != 1 only)
-_UPDATES_RE = re.compile(r"_u(\d+)(?=(?:_k\d+)?$)")   # updates_per_rollout tag (u != 1 only)
+# updates_per_rollout tag (u != 1 only), before any update_epochs and gen_batch_ratio tags
+_UPDATES_RE = re.compile(r"_u(\d+)(?=(?:_e\d+)?(?:_k\d+)?$)")
+_EPOCHS_RE = re.compile(r"_e(\d+)(?=(?:_k\d+)?$)")   # update_epochs tag (E != 1 only)
 
 
 @dataclasses.dataclass
@@ -38,8 +40,9 @@ class Run:
     ``gen_batch_ratio`` k = B_gen / B_train (1: synchronous rollout; k > 1: asynchronous
     partial rollout with k * B_train sequences in flight). ``updates_per_rollout`` u:
     optimizer updates per rollout batch (the sweep's ``_u<u>`` tag; the sample axis stays
-    responses generated, whatever u). A refilled run (``refill``, DAPO dynamic sampling) is
-    read on the axis of responses generated (`on_generated_axis`).
+    responses generated, whatever u); ``update_epochs`` E: passes over those u minibatches
+    (config.json only; E != 1 runs are grouped apart, ``_e<E>``). A refilled run (``refill``,
+    DAPO dynamic sampling) is read on the axis of responses generated (`on_generated_axis`).
     """
     name: str
     train: list[dict]
@@ -51,6 +54,7 @@ class Run:
     batch_gen: float | None = None
     gen_batch_ratio: float = 1
     updates_per_rollout: int = 1
+    update_epochs: int = 1
     lr_rule: str | None = None
     algo: str | None = None
     seed: int | None = None
@@ -317,8 +321,10 @@ def make_run(name: str, records: Iterable[dict], config: dict | None = None,
     seed = config_get(config, "seed")
     run.seed = int(seed) if is_number(seed) else seed_from_name(name)
     run.updates_per_rollout = updates_per_rollout(config, cname)
-    run.group = _with_ratio(_with_updates(strip_seed(cname), run.updates_per_rollout),
-                            run.gen_batch_ratio)
+    E = config_get(config, "update_epochs")
+    run.update_epochs = int(E) if is_number(E) and E >= 1 else 1
+    group = _with_updates(strip_seed(cname), run.updates_per_rollout)
+    run.group = _with_ratio(_with_epochs(group, run.update_epochs), run.gen_batch_ratio)
     return run
 
 
@@ -377,9 +383,20 @@ def _with_updates(group: str, u: int) -> str:
     names carry ``_u<u>`` already (before any ``_k<k>``); other names get it there."""
     if u == 1 or _UPDATES_RE.search(group):
         return group
-    m = _RATIO_RE.search(group)
+    m = _EPOCHS_RE.search(group) or _RATIO_RE.search(group)
     at = m.start() if m else len(group)
     return f"{group[:at]}_u{u}{group[at:]}"
+
+
+def _with_epochs(group: str, E: int) -> str:
+    """An update_epochs E != 1 run never shares a group with the one-pass seeds of its
+    config (E passes make E times the updates on the same samples): ``_e<E>`` after any
+    ``_u<u>``, before any ``_k<k>``; a name that carries it already is kept."""
+    if E == 1 or _EPOCHS_RE.search(group):
+        return group
+    m = _RATIO_RE.search(group)
+    at = m.start() if m else len(group)
+    return f"{group[:at]}_e{E}{group[at:]}"
 
 
 def _with_ratio(group: str, k: float) -> str:
