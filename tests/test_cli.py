@@ -167,6 +167,9 @@ def _table(tmp_path, module, rows, **fmt):
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+_BUILDS_DATA = {"--max_prompt_len=3"}
+
+
 def _check(results, rows):
     assert len(results) == len(rows)
     for got, (row, field) in zip(results, rows):
@@ -177,7 +180,9 @@ def _check(results, rows):
         assert got["code"] == 2, got
         assert len(lines) == 1 and lines[0].startswith(f"error: {field}: "), (row, got["stderr"])
         assert ". Fix: " in lines[0], lines[0]
-        assert got["seconds"] < 10, got      # validation only: nothing loaded or compiled
+        # validation only: nothing compiled. A prompt-length row builds the task's data first
+        # to find the longest prompt (measured 13.7 s on 2 cores with the load at 6).
+        assert got["seconds"] < (60 if row in _BUILDS_DATA else 10), got
 
 
 def _resumed_dir(tmp_path) -> str:
