@@ -119,7 +119,8 @@ def main(argv):
     for name, ts in times.items():
         ratio = [p / t for p, t in zip(times["packed"], ts)]
         rows.append(dict(layout=name, median_s=float(np.median(ts)), seconds=ts,
-                         packed_over_this=float(np.median(ratio))))
+                         packed_over_this=float(np.median(ratio)),
+                         packed_over_this_range=[float(min(ratio)), float(max(ratio))]))
     pct = np.percentile(lengths, [50, 90, 100])
     print(f"model={FLAGS.model} P={P} G={G} B={P * G} task=arith_chain (max_ops "
           f"{FLAGS.max_ops}) backend={jax.default_backend()} cores={os.cpu_count()}")
@@ -127,10 +128,12 @@ def main(argv):
           f"max_new_tokens {M}; prompt_len {Tp}; padded rows T = {T}")
     print(f"padding share: padded {1 - valid.mean():.3f} of {valid.size} token slots; packed "
           f"{pm['pad_frac']:.3f} of {int(pm['packed_microbatches'])} row(s) x {L} tokens")
-    print(f"{'layout':>14} {'median s/update':>16} {'packed / this':>14}   (rounds: "
-          f"{FLAGS.rounds}, interleaved)")
+    print(f"{'layout':>14} {'median s/update':>16} {'packed / this':>14} {'rounds min..max':>16}"
+          f"   (rounds: {FLAGS.rounds}, interleaved)")
     for r in rows:
-        print(f"{r['layout']:>14} {r['median_s']:>16.4f} {r['packed_over_this']:>14.3f}")
+        lo, hi = r["packed_over_this_range"]
+        print(f"{r['layout']:>14} {r['median_s']:>16.4f} {r['packed_over_this']:>14.3f} "
+              f"{lo:>8.3f}..{hi:.3f}")
     out = dict(model=FLAGS.model, prompts=P, group_size=G, batch=P * G, max_ops=FLAGS.max_ops,
                token_budget=L, prompt_len=Tp, max_new_tokens=M,
                response_len_median=float(pct[0]), response_len_p90=float(pct[1]),
