@@ -13,9 +13,13 @@ computation itself:
   Any other legitimate order has errors of the same distribution; the L2 norm over thousands
   of entries concentrates, so SAFETY times the largest of a few reorderings bounds it on any
   ISA.
-- ``adam_propagated``: params compared after one Adam step differ by what Adam makes of the
-  two programs' measured gradient difference (entries with |g| ~ eps amplify it up to lr / eps);
-  it is computed exactly from the gradients and added to the tolerance.
+- ``assert_adam_step_close``: params and Adam moments compared after one optimizer step from
+  the same state differ by what Adam makes of the two programs' measured gradient difference
+  (entries with |g| ~ eps amplify it up to lr / eps), computed exactly in float64, plus each
+  program's float32 rounding of the step, bounded operation by operation (adam_step64). No
+  measured floor enters, so a chain of steps is checked one step at a time: each program
+  step starts from the state the other produced (a chain compared only at its end would
+  compound the eps-amplified differences of every step, which no derived bound follows).
 - ``sum_bound``: Higham's bound for a float32 sum of n terms of total magnitude sum|x|,
   2 * gamma(n + TERM_ULPS) * sum|x| for two evaluations in any orders, used where a quantity is
   one scalar sum (a loss): one reordering of a scalar can cancel by chance, a bound cannot.
@@ -36,6 +40,7 @@ import os
 
 import jax
 import numpy as np
+import optax
 
 EPS32 = float(np.finfo(np.float32).eps)      # 2^-23; unit roundoff u = EPS32 / 2
 SAFETY = 8.0     # other orders vs the largest measured reordering (see the module docstring)
@@ -80,20 +85,107 @@ def tree_tol(floor: float, scale: float) -> float:
     return max(SAFETY * floor, 4 * EPS32 * scale)
 
 
-def adam_first_step(grads, lr: float, eps: float = 1e-8, max_grad_norm: float | None = 1.0):
-    """Adam's first update in float64: clip_by_global_norm, then -lr g / (|g| + eps) (the
-    bias-corrected moments of one step are g and g^2)."""
-    norm = tree_norm(grads)
+def _adam_state(opt_state):
+    """The one optax ScaleByAdamState (count, mu, nu) inside a train state's opt_state."""
+    kind = optax.ScaleByAdamState
+    found = [x for x in jax.tree_util.tree_leaves(opt_state, is_leaf=lambda x: isinstance(x, kind))
+             if isinstance(x, kind)]
+    assert len(found) == 1, f"expected one Adam state, found {len(found)}"
+    return found[0]
+
+
+def _f64(tree):
+    return jax.tree.map(lambda x: np.asarray(x, np.float64), tree)
+
+
+def adam_step64(params, opt_state, grads, hp, max_grad_norm: float | None = 1.0,
+                norm_scale: float = 1.0):
+    """What the library's optimizer (optim.make_optimizer: clip_by_global_norm, then optax
+    Adam) makes of `grads` from (params, opt_state), in float64: (params, mu, nu), plus
+    `bound`, the per-entry bound on how far a float32 evaluation of the same step, from the
+    same state and gradients, can be from it. norm_scale scales the global norm the clip
+    sees (to propagate the float32 norm's own error).
+
+    The bound is first-order rounding analysis (u = 2^-24), one term per operation:
+      m = b1 mu + (1 - b1) c g:  |err| <= 6 u m_abs, m_abs = b1 |mu| + (1 - b1) |c g|
+                                 (two constants, two products, one sum, the clip's c g);
+      v = b2 nu + (1 - b2) (c g)^2: all terms positive, |err| <= 8 u v;
+      1 - b^t, b^t a float32 pow of fl(b): |err| <= (t + TERM_ULPS) u b^t + u (1 - b^t),
+                                 which 1 - b2^t ~ 1e-3 t turns into a relative error of
+                                 ~1e4 u: the largest term, kept exactly;
+      sqrt(v_hat) + eps: half v_hat's relative error, plus 2 u;
+      lr * m_hat / den, then params + update: 3 u of the update, u of the new param.
+    """
+    adam = _adam_state(opt_state)
+    u = EPS32 / 2
+    t = int(adam.count) + 1
+    g = _f64(grads)
+    norm = tree_norm(grads) * norm_scale
     c = min(1.0, max_grad_norm / norm) if max_grad_norm else 1.0
-    return jax.tree.map(lambda g: -lr * c * np.asarray(g, np.float64)
-                        / (np.abs(c * np.asarray(g, np.float64)) + eps), grads)
+    b1, b2, eps, lr = hp.b1, hp.b2, hp.eps, hp.lr
+    bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
+    e1 = ((t + TERM_ULPS) * u * b1 ** t + u * bc1) / bc1        # relative, of 1 - b1^t
+    e2 = ((t + TERM_ULPS) * u * b2 ** t + u * bc2) / bc2
+    e_den = (8 * u + e2 + u) / 2 + 2 * u                          # relative, of sqrt(v_hat) + eps
+
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    out = {k: [] for k in ("params", "mu", "nu", "b_params", "b_mu", "b_nu")}
+    for p, mu, nu, gi in zip(leaves, *(treedef.flatten_up_to(x) for x in (adam.mu, adam.nu, g))):
+        p, mu, nu = (np.asarray(x, np.float64) for x in (p, mu, nu))
+        m = b1 * mu + (1 - b1) * c * gi
+        v = b2 * nu + (1 - b2) * (c * gi) ** 2
+        m_abs = b1 * np.abs(mu) + (1 - b1) * np.abs(c * gi)
+        den = np.sqrt(v / bc2) + eps
+        new_p = p - lr * (m / bc1) / den
+        err_upd = lr * m_abs / (bc1 * den) * (6 * u + e1 + u + e_den + 3 * u)
+        for k, x in (("params", new_p), ("mu", m), ("nu", v),
+                     ("b_params", 1.01 * err_upd + u * np.abs(new_p)),
+                     ("b_mu", 6 * u * m_abs), ("b_nu", 8 * u * v)):
+            out[k].append(x)
+    trees = {k: jax.tree_util.tree_unflatten(treedef, x) for k, x in out.items()}
+    return ({k: trees[k] for k in ("params", "mu", "nu")},
+            {k: trees["b_" + k] for k in ("params", "mu", "nu")})
 
 
-def adam_propagated(grads_a, grads_b, lr: float, **kw) -> float:
-    """What one Adam step makes of a measured gradient difference: entries that cancel to
-    |g| ~ eps move by up to lr on a rounding-level change, so params compared after a step
-    differ by this much more than the gradients' own rounding suggests."""
-    return tree_diff(adam_first_step(grads_a, lr, **kw), adam_first_step(grads_b, lr, **kw))
+def adam_step_tolerance(prev_state, grads, hp, max_grad_norm: float | None = 1.0):
+    """(float64 step, per-output tolerance trees) for one float32 program's Adam step from
+    prev_state on `grads`: its rounding bound plus what the float32 global norm's error
+    (Higham-Mary, as sqnorm_bound) does through the clip."""
+    step, bound = adam_step64(prev_state.params, prev_state.opt_state, grads, hp, max_grad_norm)
+    n = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(grads))
+    delta = (LAMBDA * np.sqrt(n + TERM_ULPS) * EPS32 / 2) / 2 + 4 * EPS32 / 2
+    for s in (1 + delta, 1 - delta):
+        moved, _ = adam_step64(prev_state.params, prev_state.opt_state, grads, hp, max_grad_norm, s)
+        bound = jax.tree.map(lambda b, x, y: b + np.abs(x - y), bound, moved, step)
+    return step, bound
+
+
+def assert_adam_step_close(got_state, want_state, prev_state, got_grads, want_grads, hp,
+                           max_grad_norm: float | None = 1.0, detect: float = DETECT) -> None:
+    """Two programs took one Adam step from the same prev_state, on gradients got_grads and
+    want_grads (each measured; compare those separately): their params and moments agree to
+    |step64(got) - step64(want)| + |bound(got)| + |bound(want)|, the exact float64 effect of
+    the gradients' difference plus each program's derived float32 rounding (adam_step64).
+    No factor measured on a machine enters; detect caps the rounding part at a fraction of
+    the step, so the check keeps its power."""
+    s_got, b_got = adam_step_tolerance(prev_state, got_grads, hp, max_grad_norm)
+    s_want, b_want = adam_step_tolerance(prev_state, want_grads, hp, max_grad_norm)
+    prev_adam = _adam_state(prev_state.opt_state)
+    got_adam, want_adam = _adam_state(got_state.opt_state), _adam_state(want_state.opt_state)
+    pairs = dict(params=(got_state.params, want_state.params, prev_state.params),
+                 mu=(got_adam.mu, want_adam.mu, prev_adam.mu),
+                 nu=(got_adam.nu, want_adam.nu, prev_adam.nu))
+    for k, (got, want, prev) in pairs.items():
+        known = tree_diff(s_got[k], s_want[k])
+        rounding = tree_norm(b_got[k]) + tree_norm(b_want[k])
+        scale = tree_diff(want, prev)
+        assert rounding <= detect * scale, (
+            f"{k}: rounding bound {rounding:.3g} exceeds {detect:g} of the step {scale:.3g}")
+        tol = known + rounding
+        diff = tree_diff(got, want)
+        _log(f"adam_{k}", diff, tol, scale)
+        assert diff <= tol, (f"{k}: |got - want| = {diff:.3g} > {tol:.3g} (gradients' effect "
+                             f"{known:.3g}, rounding {rounding:.3g}, step {scale:.3g})")
 
 
 def reorder_floor(reference, *reorders) -> float:
@@ -113,8 +205,8 @@ def _log(kind: str, measured: float, tol: float, scale: float) -> None:
 def assert_tree_close(got, want, floor: float, scale: float, detect: float = DETECT,
                       known: float = 0.0) -> None:
     """got equals want up to rounding: |got - want| <= SAFETY * floor (at least a few ulps of
-    scale) plus `known`, a difference computed exactly from measured inputs (adam_propagated);
-    the tolerance must itself stay under detect * scale."""
+    scale) plus `known`, a difference computed exactly from measured inputs; the tolerance
+    must itself stay under detect * scale."""
     tol = tree_tol(floor, scale) + known
     assert tol <= detect * scale, (
         f"tolerance {tol:.3g} exceeds {detect:g} of the scale {scale:.3g}: the check could no "

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from numerics import adam_propagated, assert_tree_close, tree_diff, tree_norm
+from numerics import assert_adam_step_close, assert_tree_close, tree_diff, tree_norm
 from test_steps import (CFG, CTX, GT, HP, LOSS_CFG, R, TP, TX, _grpo_fn, grpo_reference,
                         new_state, np_params)
 
@@ -183,7 +183,8 @@ def test_grpo_step_with_is_cap_on_sampled_rollout():
     is_cap=2 update (clip centred on the trainer's log-probs, weighted by w) and the plain one
     (centred on the sampler's) are the same function, w exp(logp - trainer) = exp(logp - old),
     and differ by float32 rounding only: the gradients within the reordering floor, the params
-    within it plus what Adam makes of the gradients' difference (numerics.adam_propagated)."""
+    within the derived one-step Adam bound of the gradients' difference
+    (numerics.assert_adam_step_close)."""
     params = np_params(CFG, 0)
     batch = _sampled_batch(params)
     plain_cfg = dataclasses.replace(LOSS_CFG, kl_coef=0.0)
@@ -197,8 +198,7 @@ def test_grpo_step_with_is_cap_on_sampled_rollout():
     _, _, floor = grpo_reference(params, [batch], loss_cfg=cap_cfg)
     g0, g2 = m0["actor_grads"], m2["actor_grads"]
     assert_tree_close(g2, g0, floor["grads"], tree_norm(g0))
-    assert_tree_close(s2.params, s0.params, floor["params"], tree_diff(s0.params, params),
-                      known=adam_propagated(g2, g0, HP.lr))
+    assert_adam_step_close(s2, s0, new_state(params), g2, g0, HP)
     # Trainer log-probs given equal to the sampler's: the weights are exactly 1 and the loss
     # the plain one (bit for bit in policy_loss, test_defaults_are_todays_loss_bit_for_bit;
     # here another compiled graph, so to its rounding).
@@ -206,8 +206,7 @@ def test_grpo_step_with_is_cap_on_sampled_rollout():
     s_same, m_same = _grpo_fn(1, cap_cfg)(new_state(params), same)
     assert float(m_same["mismatch_kl"]) == 0.0 and float(m_same["is_weight_mean"]) == 1.0
     assert_tree_close(m_same["actor_grads"], g0, floor["grads"], tree_norm(g0))
-    assert_tree_close(s_same.params, s0.params, floor["params"], tree_diff(s0.params, params),
-                      known=adam_propagated(m_same["actor_grads"], g0, HP.lr))
+    assert_adam_step_close(s_same, s0, new_state(params), m_same["actor_grads"], g0, HP)
 
 
 def test_mismatch_kl_in_ppo_metrics_and_multi_update_guard():

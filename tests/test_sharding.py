@@ -12,10 +12,10 @@ from jaxrl_scale.rl.state import init_train_state, shard_train_state
 from jaxrl_scale.rl.value import init_critic_from_actor
 
 # The 1-device reference runs (and their compiled steps) are shared with test_steps.
-from numerics import adam_propagated, assert_tree_close, tree_diff, tree_norm
-from test_steps import (CFG, CRITIC_LR, CTX, FAST_COMPILE, GT, HP, LOSS_CFG, LR_FN, TX,
-                        assert_metrics_close, make_grpo_batch, make_ppo_batch, new_state,
-                        np_params, ppo_fn)
+from numerics import assert_adam_step_close, assert_tree_close, tree_norm
+from test_steps import (CFG, CTX, FAST_COMPILE, GT, HP, LOSS_CFG, LR_FN, TX,
+                        assert_grpo_steps_match, assert_metrics_close, assert_ppo_step_close,
+                        make_grpo_batch, make_ppo_batch, new_state, np_params, ppo_fn)
 from test_steps import grpo_reference as grpo_with_floors
 from test_steps import ppo_reference as ppo_with_floors
 
@@ -105,30 +105,18 @@ def params():
     return np_params(CFG, 0)
 
 
-@pytest.fixture(scope="module")
-def grpo_reference(params):
-    batches = [make_grpo_batch(s) for s in range(3)]
-    return (batches,) + grpo_with_floors(params, batches)
-
-
 @pytest.mark.parametrize("mesh_name", list(MESHES))
-def test_grpo_on_mesh_matches_one_device(params, grpo_reference, mesh_name):
-    batches, ref_state, ref_metrics, floor = grpo_reference
+def test_grpo_on_mesh_matches_one_device(params, mesh_name):
+    """Three donated steps on the mesh, each equal to the 1-device step from the same state
+    (gradients, params and Adam moments), the state staying sharded by the rule table."""
+    batches = [make_grpo_batch(s) for s in range(3)]
     mesh = shd.make_mesh(**MESHES[mesh_name])
     state = shard_train_state(mesh, new_state(params))
     fn = steps.make_train_step(steps.grpo_step, state, mesh=mesh, compiler_options=FAST_COMPILE,
                                cfg=CFG, tx=TX, loss_cfg=LOSS_CFG, micro_batches=2, lr_fn=LR_FN,
                                with_grads=True, group_size=GT)
-    metrics = []
-    for batch in batches:
-        state, m = fn(state, batch)                             # state is donated
-        metrics.append(m)
-    g_ref = ref_metrics[0]["actor_grads"]
-    assert_tree_close(metrics[0]["actor_grads"], g_ref, floor["grads"], tree_norm(g_ref))
-    assert_metrics_close(metrics[0], ref_metrics[0], batches[0], ("actor_loss",))
-    # three steps: the reorderings' spread after the same three steps
-    assert_tree_close(state.params, ref_state.params, floor["params"],
-                      tree_diff(ref_state.params, params))
+    state, metrics = assert_grpo_steps_match(fn, state, batches)
+    assert_metrics_close(*metrics[0], batches[0], ("actor_loss",))
     want = shd.spec_for(mesh, "wq", params["layers"]["wq"].shape)
     assert state.params["layers"]["wq"].sharding.spec == want
     assert state.opt_state.inner_state[1][0].mu["layers"]["wq"].sharding.spec == want
@@ -152,13 +140,8 @@ def test_ppo_on_mesh_matches_one_device(params, ppo_reference, mesh_name):
     actor, critic_state, m = fn(*states, batch)
     for k in ("actor_grads", "critic_grads"):
         assert_tree_close(m[k], ref_m[k], floor[k], tree_norm(ref_m[k]))
-    # one Adam step each: plus what it makes of the measured gradient differences
-    assert_tree_close(actor.params, ref_actor.params, floor["actor"],
-                      tree_diff(ref_actor.params, params),
-                      known=adam_propagated(m["actor_grads"], ref_m["actor_grads"], HP.lr))
-    assert_tree_close(critic_state.params, ref_critic.params, floor["critic"],
-                      tree_diff(ref_critic.params, critic),
-                      known=adam_propagated(m["critic_grads"], ref_m["critic_grads"], CRITIC_LR))
+    assert_ppo_step_close((actor, critic_state, m), (ref_actor, ref_critic, ref_m), params,
+                          critic)
     assert critic_state.params["value_w"].sharding.spec == shd.spec_for(
         mesh, "value_w", critic["value_w"].shape)
 
@@ -181,6 +164,4 @@ def test_shared_prompt_update_on_mesh_matches_one_device(params, mesh_name):
     g_ref = ref["actor_grads"]
     assert_tree_close(m["actor_grads"], g_ref, floor["grads"], tree_norm(g_ref))
     assert_metrics_close(m, ref, batch, ("actor_loss",), group_size=G)
-    assert_tree_close(state.params, ref_state.params, floor["params"],
-                      tree_diff(ref_state.params, params),
-                      known=adam_propagated(m["actor_grads"], g_ref, HP.lr))
+    assert_adam_step_close(state, ref_state, new_state(params), m["actor_grads"], g_ref, HP)

@@ -6,8 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from numerics import (EPS32, adam_propagated, assert_sqnorm_close, assert_sum_close, assert_tree_close,
-                      reorder_floor, sqnorm_bound, tree_diff, tree_norm, tree_tol)
+from numerics import (EPS32, assert_adam_step_close, assert_sqnorm_close, assert_sum_close,
+                      assert_tree_close, reorder_floor, sqnorm_bound, tree_diff, tree_norm,
+                      tree_tol)
 
 from jaxrl_scale import optim
 from jaxrl_scale.models import get_config, param_shapes
@@ -127,22 +128,31 @@ def assert_norm_consistent(m, prefix, grads):
 HP = optim.AdamHParams(lr=1e-3)
 TX = optim.make_optimizer(HP, max_grad_norm=1.0)
 CRITIC_LR = 1e-4
-CTX = optim.make_optimizer(optim.AdamHParams(lr=CRITIC_LR))  # the critic's own optimizer
+CRITIC_HP = optim.AdamHParams(lr=CRITIC_LR)
+CTX = optim.make_optimizer(CRITIC_HP)  # the critic's own optimizer
 LR_FN = functools.partial(optim.current_lr, HP, warmup_steps=0)
 
 
 def ppo_reference(params, critic, batch):
-    """ppo_fn(1) on the batch, and the rounding floors of its gradients and updated params
-    over two reorderings of the batch's rows."""
+    """ppo_fn(1) on the batch, and the rounding floors of its gradients over two reorderings
+    of the batch's rows."""
     def run(b):
         return ppo_fn(1)(new_state(params), new_state(critic, CTX), b)
     a1, c1, m1 = run(batch)
     alts = [run(reordered(batch, 1, seed)) for seed in (1, 2)]
     floor = {k: reorder_floor(m1[k], *[m[k] for _, _, m in alts])
              for k in ("actor_grads", "critic_grads")}
-    floor["actor"] = reorder_floor(a1.params, *[a.params for a, _, _ in alts])
-    floor["critic"] = reorder_floor(c1.params, *[c.params for _, c, _ in alts])
     return a1, c1, m1, floor
+
+
+def assert_ppo_step_close(got, want, params, critic):
+    """Two PPO steps (actor, critic, metrics) from fresh states of params and critic: each
+    network's params and Adam moments within the derived one-step bound of its gradients."""
+    (a, c, m), (a_ref, c_ref, m_ref) = got, want
+    assert_adam_step_close(a, a_ref, new_state(params), m["actor_grads"], m_ref["actor_grads"],
+                           HP)
+    assert_adam_step_close(c, c_ref, new_state(critic, CTX), m["critic_grads"],
+                           m_ref["critic_grads"], CRITIC_HP)
 
 
 def ppo_fn(M, states=None, mesh=None):
@@ -208,6 +218,27 @@ def grpo_reference(params, batches, group_size=GT, **kw):
                                       *[m[0]["actor_grads"] for _, m in alts]),
                   params=reorder_floor(state.params, *[st.params for st, _ in alts]))
     return state, metrics, floors
+
+
+def assert_grpo_steps_match(fn, state, batches, group_size=GT, **kw):
+    """Runs `fn`, the GRPO step under test, over `batches` from `state`, and checks every
+    step against the 1-device M = 1 reference taken from the same input state: gradients
+    within that step's reordering floor (its groups in two other orders), params and Adam
+    moments within the derived one-step bound (numerics.assert_adam_step_close). Returns
+    the final state and the metrics of each step."""
+    ref = _grpo_fn(1, group_size=group_size, **kw)
+    metrics = []
+    for batch in batches:
+        prev = jax.device_get(state)                         # fn may donate `state`
+        state, m = fn(state, batch)
+        want_state, w = ref(prev, batch)
+        g, g_want = m["actor_grads"], w["actor_grads"]
+        floor = reorder_floor(g_want, *[ref(prev, reordered(batch, group_size, s))[1]["actor_grads"]
+                                        for s in (1, 2)])
+        assert_tree_close(g, g_want, floor, tree_norm(g_want))
+        assert_adam_step_close(state, want_state, prev, g, g_want, HP)
+        metrics.append((m, w))
+    return state, metrics
 
 
 @pytest.fixture(scope="module")
@@ -294,22 +325,17 @@ def test_critic_copies_trunk(params):
 
 def test_micro_batch_count_does_not_change_update(params):
     batches = [make_grpo_batch(s) for s in range(3)]
-    state1, m1, floor = grpo_reference(params, batches)
-    runs = {M: run_grpo(params, batches, M) for M in (2, 4, 8)}
-    g1 = m1[0]["actor_grads"]
-    update_norm = tree_diff(state1.params, params)
-    assert update_norm > 0
-    for M, (state, m) in runs.items():
-        assert m[0]["actor_grad_sqnorm_micro"].shape == (M,)
-        assert_metrics_close(m[0], m1[0], batches[0],
+    for M in (2, 4, 8):
+        state, steps_m = assert_grpo_steps_match(_grpo_fn(M), new_state(params), batches)
+        m, m1 = steps_m[0]
+        assert m["actor_grad_sqnorm_micro"].shape == (M,)
+        assert_metrics_close(m, m1, batches[0],
                              ("actor_loss", "pg_loss", "clipfrac", "approx_kl", "entropy", "kl"))
-        assert_tree_close(m[0]["actor_grads"], g1, floor["grads"], tree_norm(g1))
-        assert_tree_close(state.params, state1.params, floor["params"], update_norm)
         assert int(state.step) == 3
     # The ratio differs from 1 and the clips are active, so the test exercises them.
-    assert float(m1[0]["clipfrac"]) > 0
-    np.testing.assert_allclose(m1[0]["lr"], HP.lr)
-    assert_norm_consistent(m1[0], "actor", g1)
+    assert float(m1["clipfrac"]) > 0
+    np.testing.assert_allclose(m1["lr"], HP.lr)
+    assert_norm_consistent(m1, "actor", m1["actor_grads"])
 
 
 def test_micro_batch_sqnorm_is_its_own_loss_gradient(params):
@@ -424,11 +450,7 @@ def test_ppo_step_micro_batch_invariant_and_updates_critic(params):
     assert_metrics_close(m4, m1, batch, ("actor_loss",), group_size=1)
     for k in ("actor_grad_norm", "critic_grad_norm", "vf_clipfrac", "value_mean"):
         assert np.isfinite(float(m1[k])), k
-    # one Adam step each: plus what it makes of the measured gradient differences
-    assert_tree_close(c4.params, c1.params, floor["critic"], tree_diff(c1.params, critic),
-                      known=adam_propagated(m4["critic_grads"], m1["critic_grads"], CRITIC_LR))
-    assert_tree_close(a4.params, a1.params, floor["actor"], tree_diff(a1.params, params),
-                      known=adam_propagated(m4["actor_grads"], m1["actor_grads"], HP.lr))
+    assert_ppo_step_close((a4, c4, m4), (a1, c1, m1), params, critic)
     # The critic moved towards the returns: its loss on the same batch fell.
     @functools.partial(jax.jit, compiler_options=FAST_COMPILE)
     def vloss(cp, critic):
@@ -448,12 +470,14 @@ def test_ppo_critic_has_its_own_schedule(params):
     one = _ppo_fn_cached(1)(new_state(params), new_state(critic, CTX), batch)
     two = steps.make_train_step(steps.ppo_step, donate=False, compiler_options=FAST_COMPILE,
                                 cfg=CFG, actor_tx=TX, critic_tx=CTX, loss_cfg=LOSS_CFG,
-                                critic_minibatches=2)(new_state(params), new_state(critic, CTX),
-                                                      batch)
-    # (two compiled programs: equal up to float32 fusion order)
+                                critic_minibatches=2, with_grads=True)(
+        new_state(params), new_state(critic, CTX), batch)
+    # two compiled programs: the actor's step equal up to float32 rounding
     _, _, _, floor = ppo_reference(params, critic, batch)
-    assert_tree_close(two[0].params, one[0].params, floor["actor"],
-                      tree_diff(one[0].params, params))
+    assert_tree_close(two[2]["actor_grads"], one[2]["actor_grads"], floor["actor_grads"],
+                      tree_norm(one[2]["actor_grads"]))
+    assert_adam_step_close(two[0], one[0], new_state(params), two[2]["actor_grads"],
+                           one[2]["actor_grads"], HP)
     assert np.shape(two[2]["critic_loss"]) == (2,) and np.shape(two[2]["actor_loss"]) == ()
     # the same two updates by hand: GAE from the pre-update critic, then the splits in order
     gae = steps.ppo_advantages(CFG, critic, batch, LOSS_CFG)
@@ -573,10 +597,7 @@ def test_shared_prompt_update_equals_every_row(params, M):
         want = float(want)
         tol = 2 * sqnorm_bound(n, want, grad_tol)
         assert abs(float(got) - want) <= tol
-    # one Adam step: plus what it makes of the two programs' measured gradient difference
-    assert_tree_close(state_s.params, state_f.params, floor["params"],
-                      tree_diff(state_f.params, params),
-                      known=adam_propagated(m_s["actor_grads"], g, HP.lr))
+    assert_adam_step_close(state_s, state_f, new_state(params), m_s["actor_grads"], g, HP)
 
 
 def test_shared_prompt_preconditions(params):
