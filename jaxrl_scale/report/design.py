@@ -184,6 +184,30 @@ def power_lines(summary: Summary | dict) -> list[str]:
     return out
 
 
+def warm_start_lines(summary: Summary | dict) -> list[str]:
+    """What population the verdicts are about: the warm-starts, when the runs came from
+    several (their interaction with the configs then in the error term), else the one."""
+    s = as_summary(summary)
+    out = []
+    for algo, fam in sorted(((s.familywise or {}).get("families") or {}).items()):
+        if fam.get("units") == "warm-starts":
+            tau = fam.get("tau_log_N")
+            t = (f"; warm-start x config interaction sd in log N* tau = {fmt(tau['tau'], 2)} "
+                 f"[{fmt(tau['ci'][0], 2)}, {fmt(tau['ci'][1], 2)}], seed sd within a "
+                 f"warm-start {fmt(tau['within_sd'], 2)}" if tau else
+                 "; one seed per warm-start: tau and the seed noise form one error term")
+            out.append(f"Warm-starts [{algo}]: {fam['warm_starts']} warm-starts, each a block "
+                       f"of the test ({fam['df']} df): the verdicts are about the population "
+                       f"of warm-starts{t}.")
+        else:
+            out.append(f"Warm-starts [{algo}]: every run started from one warm-start, so the "
+                       "verdicts hold for that warm-start: its interaction with the configs "
+                       "is a fixed effect no seed count averages out. Runs from several "
+                       "warm-starts (config.json init_checkpoint) are tested with the "
+                       "warm-starts as blocks.")
+    return out
+
+
 def _design_note(p) -> str:
     """What the measured spread asks of a design that detects r_N >= 1.3 (issue 27 item 6)."""
     d = p.design_for_target or {}
@@ -244,4 +268,5 @@ def drift_lines(summary: Summary | dict) -> list[str]:
 def design_lines(summary: Summary | dict) -> list[str]:
     """regime, lr bracket, power, drift: the lines the report opens with."""
     return (regime_lines(summary) + lora_lines(summary) + lr_lines(summary)
-            + retune_lines(summary) + power_lines(summary) + drift_lines(summary))
+            + retune_lines(summary) + power_lines(summary) + warm_start_lines(summary)
+            + drift_lines(summary))

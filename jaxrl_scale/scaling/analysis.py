@@ -279,6 +279,18 @@ def lora_configs(groups: dict[str, list[Run]]) -> dict:
     return out
 
 
+def warm_start_blocks(runs: Sequence[Run]) -> dict[str, str]:
+    """{run: block label} when the runs start from two or more warm-starts (Run.block), the
+    labels w0, w1, ... in the order of the warm-starts' paths; {} for one warm-start (the
+    family-wise test then takes seeds as its blocks, and its verdicts hold for that
+    warm-start only)."""
+    paths = sorted({r.block for r in runs if r.block})
+    if len(paths) < 2:
+        return {}
+    label = {p: f"w{i}" for i, p in enumerate(paths)}
+    return {r.name: label[r.block] for r in runs if r.block}
+
+
 def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = None,
                  tolerance: float = 0.25, fit_sigmoid: bool = False, *,
                  skipped: Sequence[dict] = (), ci_level: float = stats.CI_LEVEL,
@@ -327,19 +339,28 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
     rng = np.random.default_rng(seed)
     groups = sio.group_runs(runs)
 
-    # Targets: one per algorithm (each is judged against its own reference).
-    targets, target_rule = {}, {}
+    # Targets: one per algorithm (each is judged against its own reference) and, when the
+    # runs start from several warm-starts, one per warm-start block: the same rule on the
+    # block's own reference runs, as a study from that warm-start alone would set it.
+    blocks = warm_start_blocks(runs)
+    targets, target_rule, block_targets = {}, {}, {}
     for algo, (name, rs) in refs.items():
         if target == "auto":
             probe = [run_stats(r, math.inf, 1, rng, ci_level)[0] for r in rs]
             targets[algo], target_rule[algo] = auto_target(probe, target_fraction)
+            for b in sorted(set(blocks.values())):
+                mine = [p for r, p in zip(rs, probe) if blocks.get(r.name) == b]
+                if mine:
+                    block_targets[(algo, b)] = auto_target(mine, target_fraction)[0]
         else:
             targets[algo] = target
     per_run, reps = {}, {}
     for r in runs:
         t = targets.get(r.algo or "?", targets[_primary(refs)])
+        t = block_targets.get((r.algo or "?", blocks.get(r.name)), t)
         per_run[r.name], reps[r.name] = run_stats(r, t, n_boot, rng, ci_level)
-        per_run[r.name].update(group=r.group, seed=r.seed, lr_rule=r.lr_rule, algo=r.algo,
+        per_run[r.name].update(group=r.group, seed=r.seed, block=blocks.get(r.name),
+                               lr_rule=r.lr_rule, algo=r.algo,
                                batch_source=r.batch_source, batch_gen=r.batch_gen,
                                gen_batch_ratio=r.gen_batch_ratio,
                                target=t, clipped_update_fraction=clipped_update_fraction(r))

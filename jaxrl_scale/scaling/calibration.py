@@ -37,7 +37,12 @@ class Design:
         ("grpo_P32_G8_sqrt", 256, "sqrt"), ("grpo_P64_G8_sqrt", 512, "sqrt"),
         ("grpo_P128_G8_sqrt", 1024, "sqrt"), ("grpo_P32_G8_fixed", 256, "fixed"),
         ("grpo_P64_G8_fixed", 512, "fixed"), ("grpo_P32_G4_sqrt", 128, "sqrt"))
-    seeds: int = 3
+    seeds: int = 3             # per warm-start
+    # Warm-starts: each config runs `seeds` seeds from each of `warm_starts` SFT warm-starts;
+    # a config's learning speed moves by N(0, tau) in log N* per warm-start (the warm-start x
+    # config interaction, independent across configs and warm-starts).
+    warm_starts: int = 1
+    tau: float = 0.0
     max_responses: int = 15360
     eval_every: int = 5120
     eval_n: int = 1500 * 16     # samples per eval (binomial noise); 0: exact evals
@@ -134,20 +139,25 @@ def eval_scores(design: Design, p: np.ndarray, rng: np.random.Generator) -> np.n
 def simulate_runs(design: Design, rng: np.random.Generator,
                   r_N: dict[str, float] | None = None,
                   q_ratio: dict[str, float] | None = None) -> list[Run]:
-    """One simulated sweep of `design` (all configs and seeds) as in-memory Runs."""
+    """One simulated sweep of `design` (all configs, warm-starts and seeds) as in-memory Runs;
+    with two or more warm-starts each run's config names its own (init_checkpoint), and the
+    seeds are numbered on across warm-starts (warm-start w holds seeds w * seeds, ...)."""
     r_N, q_ratio = r_N or {}, q_ratio or {}
     runs = []
     base = {"base_batch": design.configs[0][1], "algo": "grpo"}
     ev = np.arange(0, design.max_responses + 1, design.eval_every, dtype=float)
-    p0 = design.start
-    eval0 = eval_scores(design, np.full(design.seeds, p0), rng)
-    for name, batch, rule in design.configs:
+    W, K = design.warm_starts, design.seeds
+    eval0 = eval_scores(design, np.full(W * K, design.start), rng)
+    inter = (design.tau * rng.standard_normal((len(design.configs), W)) if design.tau
+             else np.zeros((len(design.configs), W)))
+    for c, (name, batch, rule) in enumerate(design.configs):
         q = design.q * q_ratio.get(name, 1.0)
         slow = math.exp(design.drift * rng.standard_normal()) if design.drift else 1.0
         steps = design.max_responses // batch
-        for k in range(design.seeds):
+        for k in range(W * K):
             s = design.scale * r_N.get(name, 1.0) * math.exp(design.seed_sd *
-                                                             rng.standard_normal())
+                                                             rng.standard_normal()
+                                                             + inter[c, k // K])
             p = design.start + design.gain * (1 - np.exp(-ev / s))
             sc = eval_scores(design, p, rng)
             sc[0] = eval0[k]
@@ -158,9 +168,10 @@ def simulate_runs(design: Design, rng: np.random.Generator,
             recs += [{"step": int(n // batch), "responses": float(n), "score": float(v),
                       **({"eval_n": design.eval_n} if design.eval_n else {})}
                      for n, v in zip(ev, sc)]
+            ws = {"init_checkpoint": f"warm_starts/{k // K}"} if W > 1 else {}
             runs.append(make_run(f"{name}_s{k}", recs, {**base, "name": f"{name}_s{k}",
                                                          "batch_train": batch,
-                                                         "lr_rule": rule, "seed": k}))
+                                                         "lr_rule": rule, "seed": k, **ws}))
     return runs
 
 
@@ -232,6 +243,7 @@ def calibrate(design: Design, n_sweeps: int, seed: int = 0, effects: Sequence[fl
             "effect_config": target_cfg, "null_fwer": _rate(null_err), "power": power,
             "false_in_effect": false_eff, "coverage_T": _rate(cov_T),
             "coverage_r_N": _rate(cov_N),
+            "coverage_tau": _rate(tau_cov) if tau_cov else None,
             "coverage_T_null_by_config": {g: _rate(x) for g, x in cov_by.items()},
             "coverage_T_effect_config": {e: _rate(x) for e, x in cov_eff.items()},
             "median_min_detectable_r_N": float(np.median(mde)) if mde else None,
@@ -289,11 +301,14 @@ def simulate_estimates(design: Design, n_sweeps: int, rng: np.random.Generator,
     r_N, q_ratio = r_N or {}, q_ratio or {}
     if target_fraction is None:
         target_fraction = design.target_fraction
-    S, C, K = n_sweeps, len(design.configs), design.seeds
+    S, C, W = n_sweeps, len(design.configs), design.warm_starts
+    K = W * design.seeds                      # runs per config, warm-start-major
     ev = np.arange(0, design.max_responses + 1, design.eval_every, dtype=float)
     E = ev.size
     scale = design.scale * np.array([r_N.get(c[0], 1.0) for c in design.configs])
-    s = scale[None, :, None] * np.exp(design.seed_sd * rng.standard_normal((S, C, K)))
+    inter = (np.repeat(design.tau * rng.standard_normal((S, C, W)), design.seeds, axis=2)
+             if design.tau else 0.0)    # no draw at tau = 0: the W = 1 stream as before
+    s = scale[None, :, None] * np.exp(design.seed_sd * rng.standard_normal((S, C, K)) + inter)
     p = design.start + design.gain * (1 - np.exp(-ev / s[..., None]))
     sc = eval_scores(design, p, rng)
     sc[..., 0] = eval_scores(design, np.full((S, 1, K), design.start), rng)   # shared step 0
@@ -310,12 +325,15 @@ def simulate_estimates(design: Design, n_sweeps: int, rng: np.random.Generator,
         se = np.maximum(se, jit[:, None])
     fit = isotonic_batch(y, 1 / se ** 2).reshape(S, C, K, E)
     se = se.reshape(S, C, K, E)
-    start = sc[:, 0, :, 0].mean(1)
-    reach = fit[:, 0, :, -1].min(1)
-    se_ref = np.median(np.median(se[:, 0], axis=2), axis=1)
+    # analysis.auto_target per warm-start block, on the block's reference runs: [S, W]
+    blk = lambda x: x.reshape(S, W, design.seeds, *x.shape[2:])   # noqa: E731  [S, K..] -> [S, W, k..]
+    start = blk(sc[:, 0, :, 0]).mean(2)
+    reach = blk(fit[:, 0, :, -1]).min(2)
+    se_ref = np.median(np.median(blk(se[:, 0]), axis=3), axis=2)
     target = np.round(start + np.maximum(target_fraction * (reach - start), min_se * se_ref), 4)
-    N = stats.monotone_crossing_batch(ev, fit.reshape(-1, E),
-                                      np.repeat(target, C * K)).reshape(S, C, K)
+    per_run_target = np.repeat(target, design.seeds, axis=1)              # [S, K]
+    N = stats.monotone_crossing_batch(ev, fit.reshape(-1, E), np.broadcast_to(
+        per_run_target[:, None, :], (S, C, K)).reshape(-1)).reshape(S, C, K)
     q = np.empty((S, C, K))
     for c, (name, batch, _) in enumerate(design.configs):
         qc = design.q * q_ratio.get(name, 1.0)
@@ -349,17 +367,18 @@ def fast_rates(design: Design, n_sweeps: int, seed: int = 0, r_N: dict | None = 
     ref = names[0]
     truth = {g: r_N.get(g, 1.0) / q_ratio.get(g, 1.0) for g in names}
     calls = {g: [] for g in names[1:]}
-    any_wrong, cov_T, cov_N, mde, need, stated = [], [], [], [], [], []
+    any_wrong, cov_T, cov_N, mde, need, stated, tau_cov = [], [], [], [], [], [], []
     cov_by = {g: [] for g in names[1:]}
     for i in range(n_sweeps):
         per_run, configs = {}, {}
         for c, g in enumerate(names):
             runs = []
-            for k in range(design.seeds):
+            for k in range(design.seeds * design.warm_starts):
                 n, q = float(est["N"][i, c, k]), float(est["q"][i, c, k])
                 ok = math.isfinite(n)
+                block = f"w{k // design.seeds}" if design.warm_starts > 1 else None
                 per_run[f"{g}_s{k}"] = {"N_star": n if ok else None, "q": q, "seed": k,
-                                        "reached": ok}
+                                        "reached": ok, "block": block}
                 runs.append(f"{g}_s{k}")
             reached = all(per_run[r]["reached"] for r in runs)
             nm = np.mean([per_run[r]["N_star"] for r in runs]) if reached else math.inf
@@ -388,6 +407,9 @@ def fast_rates(design: Design, n_sweeps: int, seed: int = 0, r_N: dict | None = 
             ci = f.ratios["r_N"].ci if f and "r_N" in f.ratios else None
             cov_N.append(bool(ci and ci[0] <= r_N.get(g, 1.0) <= ci[1]))
         any_wrong.append(wrong)
+        tau = fw["families"].get("grpo", {}).get("tau_log_N")
+        if tau:
+            tau_cov.append(tau["ci"][0] <= design.tau <= tau["ci"][1])
         pw = familywise.power_fields(fw, level, "grpo")
         stated.append((pw["power"]["grpo"].get("power_r_N") or {}))
         if pw["min_detectable_r_N"]:
@@ -399,6 +421,7 @@ def fast_rates(design: Design, n_sweeps: int, seed: int = 0, r_N: dict | None = 
             "faster": {g: _rate([v == "faster" for v in x]) for g, x in calls.items()},
             "any_wrong": _rate(any_wrong), "coverage_T": _rate(cov_T),
             "coverage_r_N": _rate(cov_N),
+            "coverage_tau": _rate(tau_cov) if tau_cov else None,
             "coverage_T_by_config": {g: _rate(x) for g, x in cov_by.items()},
             "median_min_detectable_r_N": float(np.median(mde)) if mde else None,
             "median_seeds_for_target": float(np.median(need)) if need else None,

@@ -219,20 +219,65 @@ def min_detectable_log_ratio(se: float, df: float, alpha: float, m: int = 1,
 # ----------------------------------------------------------------------------- the sweep
 
 
-def _values(configs: dict, per_run: dict, g: str, key: str) -> dict:
-    out = {}
+def _log_value(x: dict, key: str) -> float:
+    n, q = x.get("N_star"), x.get("q")
+    v = n if key == "N" else q if key == "q" else (n / q if n is not None and q else None)
+    return math.log(v) if v is not None and v > 0 and math.isfinite(v) else math.nan
+
+
+def _cells(configs: dict, per_run: dict, g: str, key: str, by_block: bool) -> dict:
+    """{unit: [log value of each run]}: the unit is the run's warm-start block (by_block) or
+    its seed (else; the run's name when it has none)."""
+    out: dict = {}
     for name in configs[g]["runs"]:
         x = per_run[name]
-        seed = x.get("seed") if x.get("seed") is not None else name
-        n, q = x.get("N_star"), x.get("q")
-        if key == "N":
-            v = n
-        elif key == "q":
-            v = q
+        if by_block:
+            unit = x["block"]
         else:
-            v = n / q if n is not None and q else None
-        out[seed] = math.log(v) if v is not None and v > 0 and math.isfinite(v) else math.nan
+            unit = x.get("seed") if x.get("seed") is not None else name
+        out.setdefault(unit, []).append(_log_value(x, key))
     return out
+
+
+def _by_block(pool: Sequence[str], configs: dict, per_run: dict) -> bool:
+    """Whether the pool's runs come from two or more warm-start blocks (every run tagged)."""
+    blocks = {per_run[r].get("block") for g in pool for r in configs[g]["runs"]}
+    return None not in blocks and len(blocks) >= 2
+
+
+def _values(configs: dict, per_run: dict, g: str, key: str, by_block: bool = False) -> dict:
+    """{unit: y} for `pooled_variance`: per seed, or per warm-start block the mean over its
+    seeds (a block with a run that missed the target has no value)."""
+    return {u: float(np.mean(v)) for u, v in _cells(configs, per_run, g, key, by_block).items()}
+
+
+def interaction_sd(configs: dict, per_run: dict, pool: Sequence[str], key: str, var: dict,
+                   level: float) -> dict | None:
+    """tau, the sd of the warm-start x config interaction in log N* (key "N") or log T, with
+    an interval: the block cell means' two-way residual variance s2 (df (C-1)(W-1)) holds
+    tau^2 + sigma_w^2 / K, sigma_w^2 the seeds' variance within a cell (pooled) and K the
+    harmonic mean of seeds per cell; tau^2 = s2 - sigma_w^2 / K, its interval from the
+    chi-square interval of s2 (scipy.stats.chi2), floored at 0. None without seeds to
+    separate (one seed per cell: tau and the seed noise are then one error term)."""
+    from scipy import stats as sps
+    ss, df_w, sizes = 0.0, 0, []
+    for g in pool:
+        for v in _cells(configs, per_run, g, key, True).values():
+            v = np.asarray(v, float)
+            if np.all(np.isfinite(v)):
+                ss += float(np.sum((v - v.mean()) ** 2))
+                df_w += v.size - 1
+                sizes.append(v.size)
+    if not var.get("paired") or df_w == 0 or not np.isfinite(var["sigma"]):
+        return None
+    s2, df = var["sigma"] ** 2, var["df"]
+    within = ss / df_w / (len(sizes) / np.sum(1.0 / np.asarray(sizes)))
+    a = 1 - level
+    lo = s2 * df / sps.chi2.ppf(1 - a / 2, df) - within
+    hi = s2 * df / sps.chi2.ppf(a / 2, df) - within
+    return {"tau": math.sqrt(max(0.0, s2 - within)),
+            "ci": [math.sqrt(max(0.0, lo)), math.sqrt(max(0.0, hi))],
+            "within_sd": math.sqrt(ss / df_w), "df": df}
 
 
 def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[str, str],
@@ -263,13 +308,23 @@ def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[s
         pool = [g for g, st in configs.items() if (st["algo"] or "?") == algo and st["reached"]]
         if not configs[ref]["reached"] or ref not in pool:
             continue
-        vals = {key: {g: _values(configs, per_run, g, key) for g in pool}
+        # Warm-starts as blocks when the runs come from two or more: each config's mean
+        # over its seeds in a block is one unit, so the warm-start x config interaction is
+        # in the error term and the verdicts are about the population of warm-starts.
+        by_block = _by_block(pool, configs, per_run)
+        vals = {key: {g: _values(configs, per_run, g, key, by_block) for g in pool}
                 for key in ("N", "q", "T")}
         var = {key: pooled_variance(v) for key, v in vals.items()}
         fam[algo] = {"reference": ref, "paired": var["T"]["paired"], "df": var["T"]["df"],
                      "seeds": var["T"]["seeds"], "sigma_log_N": var["N"]["sigma"],
                      "sigma_log_q": var["q"]["sigma"], "sigma_log_T": var["T"]["sigma"],
                      "configs": len(pool)}
+        if by_block:
+            fam[algo]["units"] = "warm-starts"
+            fam[algo]["warm_starts"] = len({per_run[r]["block"] for g in pool
+                                            for r in configs[g]["runs"]})
+            fam[algo]["tau_log_N"] = interaction_sd(configs, per_run, pool, "N", var["N"],
+                                                    level)
         se_q = [offsets[g].se for g in pool if g in offsets and offsets[g].df > 0]
         if se_q:   # the timing pass's error enters every T/T0 test: the power includes it
             fam[algo].update(pass_se=float(np.sqrt(np.mean(np.square(se_q)))),   # RMS
@@ -375,7 +430,7 @@ def best_set(ok: list[str], configs: dict, per_run: dict, creps: dict, alpha: fl
         return list(ok)
     if pass_units is not None:
         return _best_set_with_pass(ok, configs, per_run, alpha, pass_units)
-    vals = {g: _values(configs, per_run, g, "T") for g in ok}
+    vals = {g: _values(configs, per_run, g, "T", _by_block(ok, configs, per_run)) for g in ok}
     var = pooled_variance(vals)
     key = lambda g: (configs[g]["T"], g)
     if var["df"] <= 0:   # no seeds to pool: the bootstrap replicates, as before
@@ -400,7 +455,7 @@ def best_set(ok: list[str], configs: dict, per_run: dict, creps: dict, alpha: fl
 
 def _best_set_with_pass(ok: list[str], configs: dict, per_run: dict, alpha: float,
                         pass_units: Mapping[str, np.ndarray]) -> list[str]:
-    vals = {g: _values(configs, per_run, g, "N") for g in ok}
+    vals = {g: _values(configs, per_run, g, "N", _by_block(ok, configs, per_run)) for g in ok}
     var = pooled_variance(vals)
     n = max(u.size for u in pass_units.values())
     u = {g: np.asarray(pass_units.get(g, np.zeros(n)), float) for g in ok}

@@ -62,6 +62,9 @@ class Run:
     warnings: list[str] = dataclasses.field(default_factory=list)
     score_is_accuracy: bool = False   # a jaxrl metrics.jsonl: the score is a fraction in [0, 1]
     sample_axis: str = "retained"     # what ``responses`` counts: "generated" when refilled
+    # The warm-start the run started from (config.json init_checkpoint or hf_checkpoint):
+    # runs from different warm-starts are different blocks of the family-wise test.
+    block: str | None = None
 
     def eval_curve(self) -> tuple[np.ndarray, np.ndarray]:
         """(responses, scores) of the eval records, sorted by responses."""
@@ -296,7 +299,8 @@ def make_run(name: str, records: Iterable[dict], config: dict | None = None,
     evals.sort(key=lambda r: r["responses"])
 
     run = Run(name=name, train=train, evals=evals, config=config, path=path, warnings=warnings,
-              sample_axis="generated" if axis_note else "retained")
+              sample_axis="generated" if axis_note else "retained",
+              block=config_get(config, "init_checkpoint", "hf_checkpoint") or None)
     b = batch_from_config(config)
     if b is not None:
         run.batch, run.batch_source = b, "config"

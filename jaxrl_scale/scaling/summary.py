@@ -82,6 +82,7 @@ class RunStats:
     smoothed_final: float | None = None
     group: str | None = None
     seed: int | None = None
+    block: str | None = _opt()     # the warm-start (familywise: one block per warm-start)
     lr_rule: str | None = None
     algo: str | None = None
     batch_source: str | None = None
