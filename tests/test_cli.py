@@ -103,6 +103,10 @@ SWEEP_ROWS = [
     ("--timing_blocks=1", "timing_blocks"), ("--timing_tolerance=0", "timing_tolerance"),
     ("--timing_blocks=6 --timing_max_blocks=4", "timing_max_blocks"),
     ("--warmstart_seed=-1", "warmstart_seed"), ("--max_prompt_len=3", "max_prompt_len"),
+    ("--max_responses=8", "max_responses"), ("--tune_responses=8", "tune_responses"),
+    ("--warm_starts=0", "warm_starts"), ("--warm_starts=2 --nowarmstart", "warm_starts"),
+    ("--warm_start_checkpoints=/no/such/a,/no/such/b", "warm_start_checkpoints"),
+    ("--warm_start_checkpoints={file}", "warm_start_checkpoints"),
     ("--prompts=8,16 --base_prompts=16 --fixed_prompts=", "REACHED"),   # a good grid runs
 ]
 SFT_ROWS = [
@@ -214,7 +218,8 @@ def test_train_is_cap_and_ratio_level_bad_inputs_one_line_each(tmp_path):
 
 
 def test_sweep_bad_inputs_one_line_each(tmp_path):
-    results = _table(tmp_path, "jaxrl_scale.cli.sweep", SWEEP_ROWS)
+    (tmp_path / "a_file").write_text("")
+    results = _table(tmp_path, "jaxrl_scale.cli.sweep", SWEEP_ROWS, file=tmp_path / "a_file")
     _check(results, SWEEP_ROWS)
 
 
@@ -630,7 +635,7 @@ def test_short_max_prompt_len_real_commands_one_line_before_the_model(tmp_path):
     assert not list(tmp_path.glob("**/crash-*")) and not list(tmp_path.glob("**/params"))
 
 
-# ------------------------------------------------------------------ run directory (issue 29)
+# ------------------------------------------------------------------ run directory
 
 _HOLDER = ("import sys, time; from jaxrl_scale.experiment.rundir import RunDirLock; "
            "RunDirLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(120)")
@@ -666,7 +671,7 @@ def test_sweep_unwritable_sweep_dir_one_line(tmp_path):
     _check(_table(tmp_path, "jaxrl_scale.cli.sweep", rows, file=tmp_path / "a_file"), rows)
 
 
-# ------------------------------------------------------------------ the top level (issue 29)
+# ------------------------------------------------------------------ the top level
 
 def _guarded_exit(main, capsys, **kw):
     from jaxrl_scale.cli import guarded

@@ -94,8 +94,8 @@ def test_report_answer_first_and_figures(noisy):
     main = [f for f in facts if not f.startswith("Source finding")]
     pos = [answer.index(f"- {f}\n") for f in main]
     # design lines (2 x regime, 2 x design power, 2 x warm-starts + drift) + 2 x (power +
-    # 3 verdicts + the verdicts' rerun agreement + best + ctb) + cgb
-    assert pos == sorted(pos) and len(main) == 22, main
+    # 3 verdicts + best + ctb) + cgb
+    assert pos == sorted(pos) and len(main) == 20, main
     assert main[0].startswith("Regime [grpo]: ") and main[1].startswith("Regime [ppo]: ")
     assert main[2].startswith("Power [grpo]: with ") and main[6].startswith("Throughput: ")
     assert main[4].startswith("Warm-starts [grpo]: every run started from one warm-start")

@@ -246,3 +246,43 @@ def test_study_evaluates_exactly_where_the_reward_allows():
     kept = exact_eval_where_possible(chain, asked=True)
     with pytest.raises(ValueError, match="eval_mode: 'exact' needs an exact-match reward"):
         validate(kept)
+
+
+def test_sweep_from_warm_start_blocks(tmp_path):
+    """--warm_start_checkpoints=A,B: every config runs every seed from each warm-start (run
+    seeds offset per warm-start), the lr-tuning runs come from both on seeds no study run
+    has, and the analysis takes the warm-starts as its blocks (one auto target each)."""
+    import jax
+    import numpy as np
+    from jaxrl_scale.checkpoint import save_pytree
+    from jaxrl_scale.models import get_config, init_params
+    from jaxrl_scale.scaling.analysis import analyze_sweep
+    data_dir = str(tmp_path / "data")
+    base = _base(data_dir)
+    cfg = get_config("tiny")
+    paths = []
+    for w in range(2):
+        p = str(tmp_path / f"ws{w}")
+        save_pytree(p, jax.tree.map(np.asarray, init_params(cfg, jax.random.PRNGKey(w))))
+        paths.append(p)
+    sweep = SweepConfig(sweep_dir=str(tmp_path / "sweep"), prompts=(4, 8), group_sizes=(2,),
+                        base_prompts=0, lr_rules=("sqrt",), fixed_prompts=(), pairs=(),
+                        seeds=(0, 1), max_responses=32, eval_every_responses=16,
+                        tune_lrs=(1e-3,), tune_seeds=(0, 1), tune_responses=16, target=0.05,
+                        compile_cache=False, tune_max_extensions=0,
+                        warm_start_checkpoints=tuple(paths))
+    runs = plan(sweep, base)
+    got = {(os.path.basename(r.run_dir), r.init_checkpoint) for r in runs}
+    assert got == {(f"grpo_P{P}_G2_sqrt_s{s}", paths[s // 2]) for P in (4, 8)
+                   for s in range(4)}
+    tune = study_mod.tune_plan(sweep, base)
+    assert {(r.seed, r.init_checkpoint) for r in tune} == {
+        (study_mod.TUNE_SEED_OFFSET, paths[0]), (study_mod.TUNE_SEED_OFFSET + 1, paths[1])}
+    run_sweep(sweep, base, progress=False, analyse=False)
+    s = analyze_sweep(sweep.sweep_dir, target="auto")
+    assert {r["block"] for r in s["runs"].values()} == {"w0", "w1"}
+    with pytest.raises(ValueError, match="warm_start_checkpoints"):
+        sweep_mod.validate_sweep(SweepConfig(warm_start_checkpoints=(paths[0],)), base)
+    with pytest.raises(ValueError, match="warm_start_checkpoints"):
+        sweep_mod.validate_sweep(SweepConfig(warm_starts=3, warm_start_checkpoints=tuple(paths)),
+                                 base)

@@ -34,6 +34,8 @@ them alone (a job array), after which jaxrl-analyze --sweep_dir=DIR writes the r
 Every TrainConfig field is also a flag (e.g. --task, --model, --base_lr, --micro_batches) and
 sets the base config shared by all runs. Run it again to resume: finished runs are skipped.
 """
+import dataclasses
+import os
 import sys
 
 from absl import flags
@@ -57,7 +59,11 @@ SWEEP_HELP = {
     "lr_rules": "fixed, linear, sqrt, malladi",
     "fixed_prompts": "P values also run with the fixed lr (the control)",
     "pairs": "extra PxG points (equal P*G to a grid point, another G)",
-    "ppo_prompts": "PPO's P grid (empty: --prompts)", "seeds": "seeds per configuration",
+    "ppo_prompts": "PPO's P grid (empty: --prompts)",
+    "seeds": "seeds per configuration (per warm-start)",
+    "warm_starts": "SFT warm-starts (seeds --warmstart_seed ...); every config runs from each, "
+                   "and the test takes the warm-starts as its blocks",
+    "warm_start_checkpoints": "your own warm-starts (orbax params dirs), one block each",
     "gen_batch_ratios": "rollout ratios k: every config also runs with B_gen = k * B_train "
                         "sequences in flight (asynchronous partial rollout; 1: synchronous)",
     "updates_per_rollout": "optimizer updates per rollout batch u: every config also runs "
@@ -137,28 +143,38 @@ def main(argv):
         base = exact_eval_where_possible(flagdefs.build_from_flags(TrainConfig, skip=_PER_RUN),
                                          FLAGS["eval_mode"].present)
         sweep = sweep_from_flags()
-        sft = None
+        sfts = []
         if FLAGS.warmstart_seed < 0:
             raise ConfigError("warmstart_seed", f"must be >= 0, got {FLAGS.warmstart_seed}",
                               "e.g. --warmstart_seed=1")
-        if FLAGS.warmstart and not (base.init_checkpoint or base.hf_checkpoint):
-            sft = sft_config_for(base, FLAGS.warmstart_accuracy, FLAGS.warmstart_seed)
-        validate_sweep(sweep, base, base.replace(init_checkpoint=sft_path(sft)) if sft else None)
+        check_warm_start_flags(sweep, base)
+        if FLAGS.warmstart and not (base.init_checkpoint or base.hf_checkpoint
+                                    or sweep.warm_start_checkpoints):
+            sfts = [sft_config_for(base, FLAGS.warmstart_accuracy, FLAGS.warmstart_seed + w)
+                    for w in range(sweep.warm_starts)]
+        final = sweep, base
+        if len(sfts) > 1:        # their paths are known before they train
+            final = dataclasses.replace(sweep, warm_start_checkpoints=tuple(
+                sft_path(c) for c in sfts)), base
+        elif sfts:
+            final = sweep, base.replace(init_checkpoint=sft_path(sfts[0]))
+        validate_sweep(sweep, base, final[1], resume_sweep=final[0])
         if not FLAGS.list_runs:   # tokenizer, data and prompts: before the warm-start trains
             load_inputs(base, sync_name="check_inputs")
         if FLAGS.run_index is not None:
-            check_run_index(sweep, base, FLAGS.run_index)
+            check_run_index(*final, FLAGS.run_index)
         if not FLAGS.list_runs:   # writable before the warm-start and the first run
             prepare_run_dir(sweep.sweep_dir, "sweep_dir")
             set_error_dir(sweep.sweep_dir)
     if FLAGS.list_runs:
-        for i, (name, _) in enumerate(all_runs(sweep, base)):
+        for i, (name, _) in enumerate(all_runs(*final)):
             print(i, name)
         return 0
-    if sft is not None:
+    for w, sft in enumerate(sfts):
         path, info = sft_warmstart(sft)
-        print(f"warm-start: {path} (greedy held-out accuracy {info['accuracy']:.3f})")
-        base = base.replace(init_checkpoint=path)
+        which = f" {w + 1}/{len(sfts)}" if len(sfts) > 1 else ""
+        print(f"warm-start{which}: {path} (greedy held-out accuracy {info['accuracy']:.3f})")
+    sweep, base = final
     if FLAGS.run_index is not None:
         res = run_one(sweep, base, FLAGS.run_index)
         if res["error"]:
@@ -175,6 +191,25 @@ def main(argv):
     else:
         print_summary(summary)
     return exit_status(summary)
+
+
+def check_warm_start_flags(sweep, base) -> None:
+    """ConfigError for warm-start settings that contradict each other or name a missing
+    checkpoint, before anything trains."""
+    if sweep.warm_start_checkpoints and (base.init_checkpoint or base.hf_checkpoint):
+        raise ConfigError("warm_start_checkpoints", "is given with --init_checkpoint or "
+                          "--hf_checkpoint: the runs would start from two places",
+                          "give the warm-starts in --warm_start_checkpoints alone")
+    missing = [p for p in sweep.warm_start_checkpoints if not os.path.exists(p)]
+    if missing:
+        raise ConfigError("warm_start_checkpoints", f"{missing[0]!r} does not exist",
+                          "name orbax params directories, e.g. SFT warm-starts")
+    if sweep.warm_starts > 1 and not sweep.warm_start_checkpoints and (
+            base.init_checkpoint or base.hf_checkpoint or not FLAGS.warmstart):
+        raise ConfigError("warm_starts", f"={sweep.warm_starts} trains that many SFT "
+                          "warm-starts of the built-in policy, but the runs start from a "
+                          "checkpoint of yours (or --nowarmstart)",
+                          "name your warm-starts in --warm_start_checkpoints=A,B,...")
 
 
 def exit_status(summary: dict) -> int:

@@ -43,7 +43,14 @@ class SweepConfig:
     fixed_prompts: tuple[int, ...] = (32, 64)    # fixed-lr control at these P (base G)
     pairs: tuple[tuple[int, int], ...] = ((32, 4),)   # equal P*G with another G
     ppo_prompts: tuple[int, ...] = ()            # PPO's own P grid (default: `prompts`)
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = (0, 1, 2)          # per warm-start
+    # Warm-starts as blocks: every config runs every seed from each warm-start, and the
+    # analysis tests with the warm-starts as its units (verdicts about the population of
+    # warm-starts, not one draw). warm_starts = W trains W SFT warm-starts of the built-in
+    # policy (seeds warmstart_seed .. + W - 1); warm_start_checkpoints names your own (orbax
+    # params dirs, one block each). Warm-start w runs the seeds seed + w * (max(seeds) + 1).
+    warm_starts: int = 1
+    warm_start_checkpoints: tuple[str, ...] = ()
     gen_batch_ratios: tuple[int, ...] = (1,)    # rollout axis: every config at each k
     updates_per_rollout: tuple[int, ...] = (1,)  # reuse axis: every config at each u
     base_prompts: int = 16             # reference P (0: smallest P of the grid)
@@ -138,6 +145,21 @@ def run_name(algo: str, P: int, G: int, rule: str, seed: int, k: int = 1, u: int
     return f"{algo}_P{P}_G{G}_{rule}{tag}_s{seed}"
 
 
+TUNE_SEED_OFFSET = 100_000   # lr tuning from several warm-starts: seeds no study run has
+
+
+def warm_start_bases(sweep: SweepConfig, base: TrainConfig) -> list[TrainConfig]:
+    """The base config of each warm-start block: one per warm_start_checkpoints entry, else
+    `base` alone (its own init_checkpoint, if any, is the one warm-start)."""
+    return [base.replace(init_checkpoint=p) for p in sweep.warm_start_checkpoints] or [base]
+
+
+def block_seed(sweep: SweepConfig, seed: int, w: int) -> int:
+    """The run seed of study seed `seed` from warm-start w: distinct over warm-starts, and
+    the seeds themselves for one warm-start."""
+    return seed + w * (max(sweep.seeds) + 1)
+
+
 def _points(sweep: SweepConfig) -> list[tuple[str, int, int, str]]:
     """(algo, P, G, rule) of every config, in run order (reference first per algo)."""
     G0 = sweep.base_group or min(sweep.group_sizes)
@@ -192,8 +214,9 @@ def plan(sweep: SweepConfig, base: TrainConfig, base_lrs: dict[str, float] | Non
     {algo: lr} replaces base.optim.base_lr (the tuned lr); ``batch_lrs`` {(algo, B): lr}, the
     lr tuned at B itself, is the base lr of the "tuned" configs."""
     runs, seen = [], set()
-    for k, u, (algo, P, G, rule) in itertools.product(
-            sweep.gen_batch_ratios, sweep.updates_per_rollout, _points(sweep)):
+    for k, u, (w, wbase), (algo, P, G, rule) in itertools.product(
+            sweep.gen_batch_ratios, sweep.updates_per_rollout,
+            enumerate(warm_start_bases(sweep, base)), _points(sweep)):
         B0 = reference_batch(sweep, algo)
         B = P * G
         eff_rule = "sqrt" if (B == B0 and rule in ("fixed", "linear", "tuned")) else rule
@@ -202,12 +225,12 @@ def plan(sweep: SweepConfig, base: TrainConfig, base_lrs: dict[str, float] | Non
         if lr is not None and any(math.isclose(lr, scaled_lr(base_lr, B, B0, r), rel_tol=1e-9)
                                   for r in sweep.lr_rules):
             continue   # the lr tuned at B is a grid rule's lr there: that config is this one
-        for seed in sweep.seeds:
+        for seed in (block_seed(sweep, s, w) for s in sweep.seeds):
             name = run_name(algo, P, G, eff_rule, seed, k, u)
             if name in seen:
                 continue
             seen.add(name)
-            runs.append(base.replace(
+            runs.append(wbase.replace(
                 run_dir=os.path.join(sweep.sweep_dir, name), algo=algo,
                 prompts_per_step=P, group_size=G, lr_rule=eff_rule, seed=seed,
                 gen_batch_ratio=k, updates_per_rollout=u,
@@ -228,6 +251,16 @@ def tune_plan(sweep: SweepConfig, base: TrainConfig) -> list[TrainConfig]:
             for seed in sweep.tune_seeds]
 
 
+def _tune_block(sweep: SweepConfig, base: TrainConfig, seed: int) -> tuple[TrainConfig, int]:
+    """(base, run seed) of tune seed `seed`: with several warm-starts, tune seed j runs from
+    warm-start j mod W on a seed no study run has (the tuning scores then average over
+    warm-starts and never reuse the reference runs' first responses)."""
+    bases = warm_start_bases(sweep, base)
+    if len(bases) < 2:
+        return base, seed
+    return bases[seed % len(bases)], TUNE_SEED_OFFSET + seed
+
+
 def tune_run_name(algo: str, P: int, G: int, lr: float, seed: int = 0) -> str:
     """Seed 0 keeps the name it had when tuning ran one seed (old sweep dirs resume); other
     seeds add ``_s<seed>``."""
@@ -241,6 +274,7 @@ def tune_run(sweep: SweepConfig, base: TrainConfig, algo: str, lr: float,
     B0 = reference_batch(sweep, algo)
     B = batch or B0
     G = 1 if algo == "ppo" else (sweep.base_group or min(sweep.group_sizes))
+    base, seed = _tune_block(sweep, base, seed)
     name = tune_run_name(algo, B // G, G, lr, seed)
     return base.replace(
         run_dir=os.path.join(sweep.sweep_dir, TUNE_DIR, name), algo=algo,
@@ -279,6 +313,17 @@ def check_sweep_fields(sweep: SweepConfig) -> None:
          f"{sweep.algos} is not a non-empty subset of {ALGOS}", "e.g. --algos=grpo,ppo")
     need("prompts", bool(sweep.prompts), "is empty", "e.g. --prompts=8,16,32")
     need("seeds", bool(sweep.seeds), "is empty", "e.g. --seeds=0,1,2")
+    need("warm_starts", isinstance(sweep.warm_starts, int) and sweep.warm_starts >= 1,
+         f"must be an integer >= 1, got {sweep.warm_starts!r}",
+         "e.g. --warm_starts=6 (SFT warm-starts, each a block of the test)")
+    n_ckpt = len(sweep.warm_start_checkpoints)
+    need("warm_start_checkpoints", n_ckpt != 1, "names one checkpoint: one warm-start is "
+         "no block design", "name two or more, or use --init_checkpoint for one")
+    need("warm_start_checkpoints", not n_ckpt or sweep.warm_starts in (1, n_ckpt),
+         f"names {n_ckpt} checkpoints but --warm_starts={sweep.warm_starts}",
+         f"drop --warm_starts (the checkpoints are the warm-starts) or give {sweep.warm_starts}")
+    need("warm_start_checkpoints", len(set(sweep.warm_start_checkpoints)) == n_ckpt,
+         f"repeats a checkpoint: {sweep.warm_start_checkpoints}", "name each warm-start once")
     need("group_sizes", bool(sweep.group_sizes), "is empty", "e.g. --group_sizes=8")
     need("gen_batch_ratios", bool(sweep.gen_batch_ratios), "is empty",
          "e.g. --gen_batch_ratios=1,2 (1: synchronous rollout)")
@@ -331,6 +376,15 @@ def check_sweep_fields(sweep: SweepConfig) -> None:
         v = getattr(sweep, field)
         need(field, isinstance(v, int) and v >= 1, f"must be an integer >= 1, got {v!r}",
              f"set --{field} to a positive number of responses")
+    biggest = max(P * G for _, P, G, _ in _points(sweep))
+    need("max_responses", sweep.max_responses >= biggest, f"{sweep.max_responses} responses is "
+         f"less than one update of the study's largest batch, {biggest}",
+         f"set --max_responses >= {biggest} (the default study gives each run 15 updates' "
+         f"worth: e.g. {15 * biggest})")
+    tune_b = max((B for a in sweep.algos for B in tune_batches(sweep, a)), default=0)
+    need("tune_responses", not sweep.tune_lrs or sweep.tune_responses >= tune_b,
+         f"{sweep.tune_responses} responses is less than one update of the tuning batch "
+         f"{tune_b}", f"set --tune_responses >= {tune_b}")
     for field in ("base_prompts", "base_group"):
         v = getattr(sweep, field)
         need(field, isinstance(v, int) and v >= 0, f"must be >= 0 (0: the smallest), got {v}",

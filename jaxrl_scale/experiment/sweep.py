@@ -48,13 +48,13 @@ def extend_tuning(sweep: SweepConfig, base: TrainConfig, tune: list[TrainConfig]
     of its scored grid, or whose flat set reaches one, the edge times / divided by
     tune_factor (scaling.lr_bracket.extension); [] when all bracketed."""
     from jaxrl_scale.scaling import lr_bracket
-    have = {(c.algo, c.batch_train, c.optim.base_lr, c.seed) for c in tune}
+    have = {c.run_dir for c in tune}
     out = []
     for algo in sweep.algos:
         for B in tune_batches(sweep, algo):
             for lr in lr_bracket.extension(_tune_scores(tune, algo, B), sweep.tune_factor):
-                out += [tune_run(sweep, base, algo, lr, B, seed) for seed in sweep.tune_seeds
-                        if (algo, B, lr, seed) not in have]
+                more = [tune_run(sweep, base, algo, lr, B, seed) for seed in sweep.tune_seeds]
+                out += [c for c in more if c.run_dir not in have]
     return out
 
 
@@ -238,11 +238,13 @@ def _run_all_ray(todo: list[TrainConfig], desc: str, progress: bool, sweep: Swee
 
 
 def validate_sweep(sweep: SweepConfig, base: TrainConfig,
-                   resume_base: TrainConfig | None = None) -> None:
+                   resume_base: TrainConfig | None = None,
+                   resume_sweep: SweepConfig | None = None) -> None:
     """Every configuration error of the study (its own fields, every run's config, the mesh,
     and run directories left by another configuration), before the first run starts: a
     ConfigError naming the field. `resume_base`: the base the runs will really get (e.g. with
-    the warm-start path that is only trained later), for the run-directory check."""
+    the warm-start path that is only trained later) and `resume_sweep` the study they will
+    really run (e.g. with the warm-start checkpoints trained later), for that check."""
     check_sweep_fields(sweep)
     runs, tune = plan(sweep, base), tune_plan(sweep, base)
     for algo in sweep.algos:
@@ -255,8 +257,9 @@ def validate_sweep(sweep: SweepConfig, base: TrainConfig,
     mesh = check_mesh(base)
     for cfg in runs + tune:
         validate(cfg, data_parallel=shd.data_parallel_size(mesh))
-    if resume_base is not None:
-        runs, tune = plan(sweep, resume_base), tune_plan(sweep, resume_base)
+    if resume_base is not None or resume_sweep is not None:
+        final = (resume_sweep or sweep, resume_base or base)
+        runs, tune = plan(*final), tune_plan(*final)
     for cfg in tune:
         check_resume(cfg)
     for cfg in runs:        # their base_lr is the tuned one, known after tuning

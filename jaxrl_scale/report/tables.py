@@ -25,9 +25,13 @@ def format_table(summary, per_run: bool = False) -> str:
     multi = _multi(summary)
     a_col = "algo | " if multi else ""
     lines = []
+    # With a timing pass, the configs' r_q and T/T0 are the pass's; q and every per-run
+    # ratio are the runs' own steps: the headers say which is which.
+    passed = any(st.ratios.r_q_pass is not None for st in summary.configs.values())
+    in_run = " (in run)" if passed else ""
     if per_run:
-        lines.append(f"| run | {a_col}seed | B | lr rule | reached | N* | q (resp/s) | r_N | r_q "
-                     "| T/T0 | max score | clipped updates |")
+        lines.append(f"| run | {a_col}seed | B | lr rule | reached | N* | q (resp/s) | r_N | "
+                     f"r_q{in_run} | T/T0{in_run} | max score | clipped updates |")
         lines.append("|" + "---|" * (12 + multi))
         items = sorted(summary.runs.items(),
                        key=lambda kv: (kv[1].algo or "", kv[1].batch or math.inf,
@@ -43,8 +47,10 @@ def format_table(summary, per_run: bool = False) -> str:
                 f"{fmt(x.r_q)} | {fmt(x.T_over_T0)} | {fmt(x.max_score)} | "
                 f"{fmt(x.clipped_update_fraction)} |")
         return "\n".join(lines)
-    lines.append(f"| config | {a_col}seeds reached | B | lr rule | N* | q (resp/s) | r_N | r_q | "
-                 "T/T0 | verdict | clipped updates | B_simple (actor) |")
+    q_head, rq_head = ("q in run (resp/s)", "r_q (timing pass)") if passed else \
+        ("q (resp/s)", "r_q")
+    lines.append(f"| config | {a_col}seeds reached | B | lr rule | N* | {q_head} | r_N | "
+                 f"{rq_head} | T/T0 | verdict | clipped updates | B_simple (actor) |")
     lines.append("|" + "---|" * (12 + multi))
     for g, st in _sorted_configs(summary):
         a = f"{_algo_of(st)} | " if multi else ""

@@ -57,7 +57,6 @@ def _ref_miss_line(summary: Summary, algo: str, prefix: str) -> str:
                 "curves, throughput and grad norms below still stand.")
 
 
-FRAGILE_BELOW = 0.8   # familywise.POWER: a verdict a rerun reverses more often is flagged
 
 
 def _verdict_lines(summary: Summary, algo: str, prefix: str) -> list[str]:
@@ -79,19 +78,6 @@ def _verdict_lines(summary: Summary, algo: str, prefix: str) -> list[str]:
                    by["slower"], key=lambda kv: kv[1].T_over_T0)) or "none") + ".")
     out.append(f"{prefix}Indistinguishable from the reference (no family-wise difference): "
                + ("; ".join(tt(g, st) for g, st in by["indistinguishable"]) or "none") + ".")
-    fragile = [(g, st) for g, st in items if st.rerun_agreement is not None
-               and st.rerun_agreement < FRAGILE_BELOW]
-    if fragile:
-        out.append(f"{prefix}Within the design's power (a rerun gives the same verdict with "
-                   f"probability below {FRAGILE_BELOW:.0%}, were the truth the estimate): "
-                   + "; ".join(f"{g} {st.verdict} ({st.rerun_agreement:.0%})"
-                               for g, st in fragile)
-                   + ". The others are beyond it (a rerun agrees with probability >= "
-                   f"{FRAGILE_BELOW:.0%}).")
-    elif items:
-        out.append(f"{prefix}Every verdict is beyond the design's power: a rerun gives the same "
-                   f"verdict with probability >= {FRAGILE_BELOW:.0%} were the truth the "
-                   "estimate.")
     if by["not reached"]:
         out.append(f"{prefix}Not reached: " + "; ".join(
             f"{g} ({_desc(st)}): {st.seeds_reached}/{st.seeds} seeds "
@@ -155,7 +141,14 @@ def _ctb_line(summary: Summary, algo: str, prefix: str) -> str:
     if _ok(c):
         s += f"; a sample cost is detected at B = {fmt(c)} ({at(c)})"
     else:
-        s += "; no sample cost detected (no lower bound above " + fmt(lim) + ")"
+        s += f"; no r_N lower bound exceeds the tolerance {fmt(lim)}"
+        small = sorted(b for b, ps in pts.items()
+                       if any(_ok((p.get("r_N_ci") or [None])[0]) and p["r_N_ci"][0] > 1
+                              for p in ps))
+        if small:   # detected, but below the tolerance: a cost, not its absence
+            s += (", though r_N's interval lies above 1 at B = "
+                  + ", ".join(f"{fmt(b)} ({at(b)})" for b in small)
+                  + ": a sample cost smaller than the tolerance")
     return s + "."
 
 
@@ -175,6 +168,10 @@ def _cgb_line(cgb) -> str:
     if not _ok(cgb.batch):
         return (f"Critical generation batch: none (d1 <= 0, the per-response cost is not "
                 f"positive); {fit}.")
+    if cgb.d0 <= 0:   # d0 / d1 would put it at 0: no fixed per-step cost was measured
+        return (f"Critical generation batch: undefined (the intercept d0 is not positive: "
+                f"generation time grows in proportion to the batch over the measured grid, "
+                f"so no batch amortises a fixed cost); {fit}.")
     lo_b = min((p["batch"] for p in pts), default=None)
     grid = max((p["batch"] for p in pts), default=None)
     if cgb.within_grid:
@@ -213,7 +210,7 @@ def source_findings(summary) -> list[tuple[int, str, str, str]]:
 
 
 def _answer(summary: Summary) -> tuple[list[str], list[str]]:
-    main = design_lines(summary)   # lr bracket, power, drift first (issue 27)
+    main = design_lines(summary)   # lr bracket, power, drift first
     algos = _algos(summary)
     multi = len(algos) > 1
     for algo in algos:

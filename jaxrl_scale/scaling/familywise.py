@@ -194,19 +194,6 @@ def power(log_effect: float, se: float, df: float, alpha: float, m: int = 1) -> 
     return float(t_sf(c - d, df) + 1 - t_sf(-c - d, df))
 
 
-def rerun_agreement(verdict: str, log_ratio, se, df, alpha: float, m: int) -> float | None:
-    """Probability that an independent rerun of the same design gives the same verdict, were
-    the true log ratio the estimate (Holm's first step at alpha / m as the rerun's test): the
-    power at the estimate for "faster"/"slower", one minus it for "indistinguishable". Below
-    POWER the verdict is within the design's power: a rerun may well call it otherwise."""
-    if log_ratio is None or not (se and df and math.isfinite(log_ratio)):
-        return None
-    pw = power(abs(log_ratio), se, df, alpha, m)
-    if not math.isfinite(pw):
-        return None
-    return pw if verdict in ("faster", "slower") else 1.0 - pw
-
-
 def min_detectable_log_ratio(se: float, df: float, alpha: float, m: int = 1,
                              target_power: float = POWER) -> float:
     """Smallest |log ratio| detected with `target_power` by a two-sided test at alpha / m
@@ -374,8 +361,6 @@ def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[s
             verdict = "faster" if est < 0 else "slower"
         else:
             verdict = "indistinguishable"
-        agree = rerun_agreement(verdict, tt.get("log_ratio"), tt.get("se"), tt.get("df"),
-                                alpha, m)
         ratios = {}
         for name in ("r_N", "r_q", "T_over_T0"):
             x = row[name]
@@ -384,7 +369,7 @@ def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[s
                                      sci=x["sci"], log_ratio=x["log_ratio"], se=x["se"],
                                      df=x["df"])
         out_cfg[g] = FamilyTest(
-            verdict=verdict, p_value=tt.get("p"), p_holm=float(pa), rerun_agreement=agree,
+            verdict=verdict, p_value=tt.get("p"), p_holm=float(pa),
             test=tt.get("method"), alike_T=inside(tt.get("sci", [None, None]), margin),
             alike_r_N=inside(row["r_N"].get("sci", [None, None]), margin),
             r_q_in_run_test={k: row["r_q"].get(k) for k in ("log_ratio", "se", "df")},

@@ -27,6 +27,11 @@ from jaxrl_scale.scaling.values import FLAT_KEYS, ConfigRatios
 Interval = list  # [lo, hi] as written to JSON; None for an unknown (lo) or unbounded (hi) end
 
 _RENAMED = {"clip_fraction": "clipped_update_fraction"}   # recorded name -> field
+# Recorded fields no longer produced, skipped when an old summary is read: rerun_agreement
+# was the power at the estimate ("observed power"), a function of the p-value that no
+# function of the estimate can make agree with a rerun at every truth
+# (results/calibration/rerun_agreement.py).
+_DROPPED = {"rerun_agreement"}
 
 
 def _from(cls, d: dict, where: str):
@@ -35,6 +40,8 @@ def _from(cls, d: dict, where: str):
     kw = {}
     for k, v in d.items():
         k = _RENAMED.get(k, k)
+        if k in _DROPPED and k not in names:
+            continue
         if k not in names:
             raise ValueError(f"{where}: unknown summary field {k!r} for {cls.__name__}")
         kw[k] = v
@@ -100,7 +107,7 @@ class RunStats:
     responses_total: float | None = None
     frac_replicates_reached: float | None = None
     updates_to_target: float | None = None
-    evals_before_N_star: int | None = _opt()   # evals before the crossing (issue 27 item 2)
+    evals_before_N_star: int | None = _opt()   # evals before the crossing
     error: str | None = _opt()      # "no eval records": the keys above are not computed
     sigmoid: dict | None = _opt()
 
@@ -171,7 +178,6 @@ class ConfigStats:
     alike_r_N: bool | None = _opt()
     r_q_in_run_test: dict | None = _opt()      # {log_ratio, se, df}: the seed-paired t test
     T_over_T0_test: dict | None = _opt()       # {log_ratio, se, df} of the verdict's test
-    rerun_agreement: float | None = _opt()     # P(a rerun gives this verdict), familywise
     # "generated": N* and q count responses generated (dynamic sampling, io.on_generated_axis);
     # absent: retained responses (SCIENCE.md section 1)
     sample_axis: str | None = _opt()
@@ -223,7 +229,7 @@ class AlgoSummary:
     grad_norm: dict = None
     best_set: list = None
     critical_generation_batch: CriticalGenerationBatch = None
-    regime: Regime | None = _opt()   # where a step's time goes at B0 (issue 27 item 3)
+    regime: Regime | None = _opt()   # where a step's time goes at B0
 
     # eval SE over the climb from the start to the target above which the design is
     # UNDERPOWERED: the SE must be under 1/6 of the climb (signal-to-noise >= 6)
@@ -289,7 +295,7 @@ class Summary:
     partial_rollout: list = dataclasses.field(default_factory=list)   # recorded: may lack it
     findings: tuple = ()   # (Finding, ...); summaries recorded before findings were data: ()
     sweep_dir: str | None = None
-    # Design and decision (issue 27): family-wise test setup, power, drift, lr bracket.
+    # Design and decision: family-wise test setup, power, drift, lr bracket.
     familywise: dict | None = None         # {families, n_tests, alpha, margin, method}
     min_detectable_r_N: float | None = None           # 80% power, primary algorithm
     min_detectable_T_over_T0: float | None = None

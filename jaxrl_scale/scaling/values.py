@@ -124,12 +124,11 @@ class FamilyTest:
     """One config's family-wise verdict against its reference (`familywise.sweep_tests`):
     Holm over the family's T/T0 tests; ``ratios`` its t estimates ({name: Ratio}, those with
     an interval); r_q_in_run_test, T_over_T0_test: {log_ratio, se, df} of the in-run r_q test
-    and of the verdict's test; rerun_agreement: P(a rerun gives this verdict)."""
+    and of the verdict's test."""
 
     verdict: str
     p_value: float | None
     p_holm: float
-    rerun_agreement: float | None
     test: str | None
     alike_T: bool | None
     alike_r_N: bool | None
