@@ -1,4 +1,5 @@
-"""Optimizer builders and batch-size scaling rules for Adam (docs/SCIENCE.md section 2).
+"""Optimizer builders and batch-size scaling rules for Adam (docs/science.md, Batch-size
+invariance and the lr rules).
 
 Batch everywhere here means retained *responses* per optimizer update (GRPO: P * G;
 PPO: P), not prompts: configurations with equal P * G behave alike.

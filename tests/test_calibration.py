@@ -1,4 +1,4 @@
-"""Issue 27 item 8: the analysis' decisions on simulated sweeps with a known truth.
+"""The analysis' decisions on simulated sweeps with a known truth.
 
 CI version: vectorised simulation of the per-run estimates (monotone-cubic crossing of the auto
 target, q = N* / t(N*)) pushed through `familywise.sweep_tests`, the function

@@ -1,4 +1,4 @@
-"""Issue 27 item 5: r_q from an interleaved timing pass; steps resampled in blocks."""
+"""r_q from an interleaved timing pass; steps resampled in blocks."""
 import json
 
 import numpy as np
@@ -58,19 +58,19 @@ def test_interleaved_timing_pass_overrides_drifted_in_run_q(tmp_path):
 
 
 def test_a_refilled_config_keeps_its_in_run_r_q():
-    """The pass times one rollout round per update; a --refill config's N and q count its
-    refill rounds too, so its r_q stays the runs' own (and the note says so)."""
+    """The pass times one rollout round per update; a --refill config's q counts its refill
+    rounds' time too, so its r_q stays the runs' own (and the note says so)."""
     rng = np.random.default_rng(1)
     timing = [{"batch": b, "gen_batch_ratio": 1,
                "step_s": list(b / 20.0 * np.exp(0.03 * rng.standard_normal(6)))}
               for b in (64, 128)]
     st = {"algo": "grpo", "gen_batch_ratio": 1, "group_size": 8}
     configs = {"ref": dict(st, batch=64), "plain": dict(st, batch=128),
-               "refill": dict(st, batch=128, sample_axis="generated")}
+               "refill": dict(st, batch=128, refill=True)}
     d, ratios = drift.interleaved_r_q(timing, configs, {"grpo": ("ref", [])}, 0.9,
                                       in_run={"plain": 1.0, "refill": 1.0})
     assert set(d["configs"]) == set(ratios) == {"plain"}
     assert "refill keep in-run r_q" in d["note"]
     d, ratios = drift.interleaved_r_q(timing, dict(configs, ref=dict(
-        st, batch=64, sample_axis="generated")), {"grpo": ("ref", [])}, 0.9)
+        st, batch=64, refill=True)), {"grpo": ("ref", [])}, 0.9)
     assert not ratios and d["controlled"] is False

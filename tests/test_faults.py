@@ -102,7 +102,7 @@ def install_fault(point: str, n: int) -> None:
                 _die()
             return real_rollout(self, *a, **kw)
         train.Run.rollout = rollout
-    elif point == "sigint_compile":  # Ctrl-C while the update compiles (issue 29's segfault)
+    elif point == "sigint_compile":  # Ctrl-C while the update compiles (once a segfault)
         real_compile = train.Run.compile
 
         def compile_sigint(self):

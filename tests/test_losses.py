@@ -1,4 +1,4 @@
-"""Hand-worked checks of advantages and losses (docs/SCIENCE.md section 6)."""
+"""Hand-worked checks of advantages and losses (docs/science.md, Losses and advantages)."""
 import math
 
 import jax

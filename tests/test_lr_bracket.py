@@ -1,5 +1,5 @@
-"""Issue 27 item 1: the lr grid is extended until its best value is interior; issue 38 item 3:
-several seeds per lr tell the choice and its bracket from noise."""
+"""The lr grid is extended until its best value is interior; several seeds per lr tell the
+choice and its bracket from noise."""
 import math
 
 import pytest
@@ -162,7 +162,7 @@ def test_retune_lr_per_batch_tunes_every_batch_and_runs_its_own_lr(tmp_path):
     assert "Tuning cost: 11 runs" in line and "against 3 runs" in line
 
 
-# ---------------------------------------------------------------- issue 38 item 3: seeds per lr
+# ---------------------------------------------------------------- seeds per lr
 
 
 def _simulate(truth, grid, reps, rng, sd=0.0024, seed_sd=0.003, seeds=(0, 1, 2),
@@ -212,7 +212,7 @@ def test_sharp_peak_is_bracketed_and_chosen():
 
 
 def test_one_seed_keeps_todays_record():
-    """One seed per lr (plain scores, or {lr: {0: s}}): the record of before issue 38 (values
+    """One seed per lr (plain scores, or {lr: {0: s}}): the older one-seed record (values
     from the code of commit 6d7d99d), the noise said to be unmeasured."""
     cases = [
         ({1e-4: .24, 2e-4: .221, 3e-4: .176}, [None, 2e-4], False, 1e-4, [5e-5]),
@@ -375,7 +375,7 @@ def test_sweep_tunes_every_lr_at_every_tune_seed(tmp_path):
 
 
 def test_old_lr_tune_files_still_read(tmp_path):
-    """lr_tune.json of before issue 38 (a record without the new keys, the per-batch records
+    """An older lr_tune.json (a record without the new keys, the per-batch records
     too, or before the record existed only scores) reads as one-seed records."""
     import json
     old = {"grid": [1e-4, 2e-4, 3e-4], "scores": [0.22, 0.241, 0.176], "chosen": 2e-4,

@@ -8,7 +8,7 @@ The run is test_faults' (test_train's tiny config with a reward the random model
 unevenly, so every update moves the params; evals at steps 0, 2, 4; checkpoints at 2 and 4),
 and its one-process reference run is test_faults' session fixture. What may differ: the order
 in which a cross-process all-reduce sums (gloo vs XLA's in-process one), so floats are
-compared to a tolerance, params to 1e-3 of the update (the acceptance bar of issue 16).
+compared to a tolerance, params to 1e-3 of the update (the multi-host acceptance bar).
 """
 from __future__ import annotations
 

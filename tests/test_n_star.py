@@ -1,4 +1,4 @@
-"""Issue 27 item 2: N* from a fitted monotone curve, checked on curves of known shape.
+"""N* from a fitted monotone curve, checked on curves of known shape.
 
 A config whose learning curve is the reference's stretched by r along N has r_N = r at every
 target, whatever the shape: the estimator must read r, not something pulled toward 1.

@@ -1,4 +1,4 @@
-"""Off-policy correction (issue 40): truncated importance sampling of the rollout/trainer gap
+"""Off-policy correction: truncated importance sampling of the rollout/trainer gap
 (LossConfig.is_cap), GSPO's sequence-level ratio (ratio_level="sequence") and the
 `mismatch_kl` metric, checked against the formulas on hand-computed cases and in a real
 GRPO step whose rollout log-probs come from the sampler."""

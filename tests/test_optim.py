@@ -1,4 +1,5 @@
-"""Batch-scaling rules (docs/SCIENCE.md section 2) and the optimizer builder."""
+"""Batch-scaling rules (docs/science.md, Batch-size invariance and the lr rules) and the
+optimizer builder."""
 import math
 
 import jax

@@ -1,4 +1,4 @@
-"""Token-budget micro-batches (issue 40 item 4): packed rows give each sequence's own hidden
+"""Token-budget micro-batches: packed rows give each sequence's own hidden
 states; the plan keeps groups whole and every token once; the packed GRPO update equals the
 padded one; 8 devices equal 1."""
 import dataclasses

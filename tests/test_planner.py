@@ -1,5 +1,5 @@
 """Noise scale from logged gradient norms (known answers) and the batch-size planner
-(SCIENCE.md sections 1, 3, 5). Numpy only, except the CLI rows (subprocess)."""
+(docs/science.md, The planner). Numpy only, except the CLI rows (subprocess)."""
 
 import json
 import math
@@ -18,7 +18,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ---------------------------------------------------------------------------------------------
-# Records exactly as the loop logs them (rl/steps.py, docs/API.md "Gradient-norm fields").
+# Records exactly as the loop logs them (rl/steps.py; docs/api.md, Gradient-norm fields).
 
 
 def _records_from_micro_grads(micro_UMD, b_small, start_step=1, batch=None):

@@ -2,7 +2,7 @@
 
 A study directory holds its runs' logs (logs/), the analysis command (the last
 ``experiments/analyze.py`` line of command.txt) and the summary.json that command wrote. This
-guards refactors of scaling/ (issue 39: the same numbers before and after) and shows that a
+guards refactors of scaling/ (the same numbers before and after) and shows that a
 record can be reproduced from its logs alone.
 """
 

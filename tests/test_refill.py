@@ -1,4 +1,4 @@
-"""DAPO dynamic sampling with refill (issue 40 item 2, rl/refill.py): further rounds until P
+"""DAPO dynamic sampling with refill (rl/refill.py): further rounds until P
 groups with a reward spread are kept, at most refill_cap rounds; generated vs kept counted;
 N counts responses generated (scaling/io.py, and verl's train/num_gen_batches)."""
 import json
@@ -154,11 +154,16 @@ def test_refill_cap_1_is_the_filtered_run_bit_for_bit(tmp_path, rewards_module):
             == {k: v for k, v in a.items() if k not in timing}
     assert [r["gen_rounds"] for r in rt] == [1, 1]
     assert any(r["zero_var_groups"] for r in ft)   # the comparison covers masked groups
+    # and the analysis reads both on one axis (retained responses): the same N*, so r_N = 1
+    f, r = io.read_run(str(tmp_path / "filt")), io.read_run(str(tmp_path / "refill"))
+    assert r.refill and not f.refill and r.eval_curve()[0].tolist() == f.eval_curve()[0].tolist()
+    assert r.eval_curve()[1].tolist() == f.eval_curve()[1].tolist()
 
 
-def test_refill_runs_to_its_cap_and_the_analysis_counts_generated(tmp_path, rewards_module):
+def test_refill_runs_to_its_cap_and_the_analysis_counts_retained(tmp_path, rewards_module):
     """A reward that never varies: every step runs its 3 rounds, keeps nothing (no update),
-    and counts 3 x 16 generated; the analysis reads the run on the generated axis."""
+    and counts 3 x 16 generated; the analysis reads the run on the retained axis (the
+    source's N), the rounds' time charged to q."""
     cfg = _cfg(tmp_path, "never", refill=True, refill_cap=3, reward_fn="rw_refill:never")
     run_training(cfg, progress=False)
     train, evals = _records(cfg.run_dir)
@@ -169,10 +174,8 @@ def test_refill_runs_to_its_cap_and_the_analysis_counts_generated(tmp_path, rewa
     assert [r["responses_generated"] for r in train] == [48, 96]
     assert evals[-1]["responses_generated"] == 96 and evals[-1]["responses"] == 0
     run = io.read_run(cfg.run_dir)
-    assert [r["responses"] for r in run.train] == [48, 96]
-    assert [e["responses"] for e in run.evals] == [0, 96]
-    assert [r["responses_retained"] for r in run.train] == [0, 0]
-    assert io.SAMPLE_AXIS_NOTE in run.warnings
+    assert [r["responses"] for r in run.train] == [0, 0]
+    assert [e["responses"] for e in run.evals] == [0, 0] and run.refill
 
 
 def test_refill_keeps_the_batch_full(tmp_path, rewards_module):
@@ -213,17 +216,6 @@ def test_rounds_of_another_size_select_alike():
     assert not refill.needs_more(rounds[:3], G, 3, cap=3)
 
 
-def test_a_refilled_run_without_generated_counts_is_refused(tmp_path):
-    d = tmp_path / "r"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps({"refill": True, "batch_train": 8}))
-    (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [
-        {"step": 0, "responses": 0, "time_s": 0.0, "score": 0.1},
-        {"step": 1, "responses": 8, "time_s": 1.0}]))
-    with pytest.raises(io.DataError, match="responses_generated"):
-        io.read_run(str(d))
-
-
 def _verl_run(root, name, rounds, enable=True, gen_batch_size=6):
     d = root / name
     (d / ".hydra").mkdir(parents=True)
@@ -241,16 +233,17 @@ def _verl_run(root, name, rounds, enable=True, gen_batch_size=6):
     return str(d)
 
 
-def test_verl_dynamic_sampling_counts_generation_batches(tmp_path):
-    """verl's DAPO trainer logs train/num_gen_batches; each batch is data.gen_batch_size
-    prompts x rollout.n: N at step s is the sum of those up to s (kept: 4 x 2 per step)."""
+def test_verl_dynamic_sampling_stays_on_retained_responses(tmp_path):
+    """verl's DAPO trainer (filter_groups) keeps 4 x 2 responses per step whatever its
+    generation batches: N counts those, as for a plain run; the extra batches' time is in
+    timing_s/step, so in q."""
     run = verl.read_run(_verl_run(tmp_path, "dapo", [1, 3, 2]))
-    assert run.batch == 8
-    assert [r["responses"] for r in run.train] == [12, 48, 72]
-    assert [e["responses"] for e in run.evals] == [0, 72]
-    assert any("responses generated" in w for w in run.warnings)
+    assert run.batch == 8 and run.refill
+    assert [r["responses"] for r in run.train] == [8, 16, 24]
+    assert [e["responses"] for e in run.evals] == [0, 24]
+    assert any("retained responses" in w for w in run.warnings)
     plain = verl.read_run(_verl_run(tmp_path, "plain", [1, 3, 2], enable=False))
-    assert [r["responses"] for r in plain.train] == [8, 16, 24]
+    assert [r["responses"] for r in plain.train] == [8, 16, 24] and not plain.refill
 
 
 def test_a_resumed_refill_run_equals_an_uninterrupted_one(tmp_path, rewards_module):
@@ -270,33 +263,35 @@ def test_a_resumed_refill_run_equals_an_uninterrupted_one(tmp_path, rewards_modu
             {k: v for k, v in b.items() if k not in skip}
 
 
-def _own_run(name, refilled, per_step_generated):
-    """A run of ours (make_run): 10 steps of 8 retained responses, the score rising linearly
-    with the responses generated; refilled runs say so in their config."""
+def _own_run(name, refilled, per_step_generated, step_s):
+    """A run of ours (make_run): 10 steps of 8 retained responses, step_s seconds each, the
+    score rising linearly with the retained responses; refilled runs say so in their config."""
     records, gen = [{"step": 0, "responses": 0, "time_s": 0.0, "score": 0.0, "eval_n": 400}], 0
     for s in range(1, 11):
         gen += per_step_generated
         records.append({"step": s, "responses": 8 * s, "responses_generated": gen,
-                        "time_s": 0.5 * s})
+                        "time_s": step_s * s})
         records.append({"step": s, "responses": 8 * s, "responses_generated": gen,
-                        "score": gen / 160, "eval_n": 400})
+                        "score": 8 * s / 80, "eval_n": 400})
     config = {"name": name, "batch_train": 8, "algo": "grpo", "lr_rule": "sqrt",
               "refill": refilled}
     return io.make_run(name, records, config)
 
 
-def test_the_summary_and_table_say_which_axis():
-    """A refilled config's N* counts responses generated (its runs reach the target at the
-    same generated count as the plain ones), the summary says so, the table marks it."""
+def test_refill_is_charged_to_throughput_not_to_n():
+    """The source's axis: a refilled config reaching the target at the same retained count
+    as the plain one has r_N = 1 (the same training, as --refill_cap=1 against
+    --filter_zero_variance), and its refill rounds slow q; the table marks the config."""
     from jaxrl_scale.report.tables import format_table
     from jaxrl_scale.scaling.analysis import analyze
-    runs = [_own_run(f"plain_P1_G8_s{i}", False, 8) for i in range(2)] + \
-        [_own_run(f"refill_P1_G8_s{i}", True, 16) for i in range(2)]
+    runs = [_own_run(f"plain_P1_G8_s{i}", False, 8, 0.5) for i in range(2)] + \
+        [_own_run(f"refill_P1_G8_s{i}", True, 16, 1.0) for i in range(2)]
     s = analyze(runs, target=0.5, reference="plain_P1_G8", n_boot=50)
     plain, refilled = s.configs["plain_P1_G8"], s.configs["refill_P1_G8"]
-    assert plain.sample_axis is None and refilled.sample_axis == "generated"
-    assert plain.N_star == pytest.approx(80) and refilled.N_star == pytest.approx(80)
-    assert "sample_axis" not in s.to_json()["configs"]["plain_P1_G8"]
+    assert plain.refill is None and refilled.refill is True
+    assert plain.N_star == pytest.approx(40) and refilled.N_star == pytest.approx(40)
+    assert refilled.r_N == pytest.approx(1.0) and refilled.r_q == pytest.approx(0.5)
+    assert "refill" not in s.to_json()["configs"]["plain_P1_G8"]
     table = format_table(s)
-    assert "gen." in table.split("refill_P1_G8")[1].split("\n")[0]
-    assert "count responses generated" in table
+    assert "refill" in table.split("refill_P1_G8")[1].split("\n")[0]
+    assert "N* counts retained responses" in table

@@ -1,4 +1,5 @@
-"""Time-to-target analysis: SCIENCE.md section 1 vectors, synthetic sweeps with known answers."""
+"""Time-to-target analysis: the worked examples of docs/science.md, Time to target, and
+synthetic sweeps with known answers."""
 
 import json
 import os

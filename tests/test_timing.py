@@ -1,4 +1,5 @@
-"""Timing pass, step-time fit, r_q prediction and the roofline (SCIENCE.md sections 3-4)."""
+"""Timing pass, step-time fit, r_q prediction and the roofline (docs/science.md, Step-cost
+model)."""
 import math
 
 import numpy as np
@@ -136,8 +137,8 @@ def test_chip_table_has_the_six_chips_with_sources():
         c = bench.CHIPS[name]
         assert c["flops"]["bfloat16"] > 1e14 and c["hbm_bytes_per_s"] > 5e11, name
         assert c["source"] and c["url"].startswith("https://"), name
-    # SCIENCE.md section 3: the bf16 ridge (peak FLOP/s over HBM bandwidth) ~206 on an H200,
-    # ~240 on a TPU v5e
+    # docs/science.md, Step-cost model: the bf16 ridge (peak FLOP/s over HBM bandwidth) ~206
+    # on an H200, ~240 on a TPU v5e
     ridge = lambda n: bench.CHIPS[n]["flops"]["bfloat16"] / bench.CHIPS[n]["hbm_bytes_per_s"]
     assert ridge("H200") == pytest.approx(206, abs=1) and ridge("TPU v5e") == pytest.approx(240, abs=1)
     with pytest.raises(ValueError, match="no published float32"):
@@ -243,7 +244,7 @@ def test_roofline_fit_feeds_predict_r_q():
 
 
 def test_time_blocks_rebuild_each_block_and_record_the_stopping_rule(tmp_path, data_dir):
-    """Issue 38: the pass runs in blocks (each a fresh build, its own random round order);
+    """The timing pass runs in blocks (each a fresh build, its own random round order);
     every step list has its block beside it, and timing.json records the rule it stopped by."""
     from jaxrl_scale.experiment.timing import time_blocks
     from jaxrl_scale.scaling.drift import half_widths, pass_ratio

@@ -133,7 +133,8 @@ def test_sigkill_and_resume_matches_uninterrupted(tmp_path, data_dir):
 
 def test_ppo_runs_and_logs_critic(tmp_path, data_dir):
     """PPO with the critic on its own schedule (2 minibatches per rollout): records carry
-    the gradient-norm fields of docs/API.md for both networks at each one's batch sizes."""
+    the gradient-norm fields (docs/api.md, Gradient-norm fields) for both networks at each
+    one's batch sizes."""
     cfg = tiny_cfg(tmp_path / "ppo", data_dir, algo="ppo", group_size=1, prompts_per_step=32,
                    max_steps=2, micro_batches=2, critic_minibatches=2)
     run_training(cfg, progress=False)
@@ -268,12 +269,12 @@ def test_sampling_in_chunks_keeps_every_row(tmp_path, data_dir):
         validate(tiny_cfg(tmp_path, data_dir, generate_chunk=0))
 
 
-# Renamed by the loop redesign (the step names its metrics; docs/API.md names): old -> new,
-# None = dropped (PPO logged the actor's lr twice, as actor_lr and lr).
+# Renamed by the loop redesign (the step names its metrics; docs/api.md, metrics.jsonl):
+# old -> new, None = dropped (PPO logged the actor's lr twice, as actor_lr and lr).
 _RENAMED = {"grpo": {"loss": "actor_loss", "nonfinite_count": "actor_nonfinite_count"},
             "ppo": {"actor_lr": None}}
 # Fields added since the pin (the critic's own schedule, recorded on PPO update records).
-# mismatch_kl (issue 40): the sampler's and the trainer's log-probs agree to float rounding
+# mismatch_kl: the sampler's and the trainer's log-probs agree to float rounding
 # on CPU, so the k3 estimate between them is 0 to within the comparison's atol.
 _ADDED = {"grpo": {"mismatch_kl": 0.0},
           "ppo": {"critic_updates": 1, "critic_batch": 16, "critic_micro_batch_size": 8,

@@ -1,4 +1,4 @@
-"""--updates_per_rollout (issue 40 item 1): u optimizer updates per rollout batch, each on a
+"""--updates_per_rollout: u optimizer updates per rollout batch, each on a
 minibatch of whole prompt groups. One update is today's step bit for bit; u minibatches over
 one batch are u sequential steps on its slices; the sample axis stays responses generated."""
 import functools

@@ -27,7 +27,9 @@ from jaxrl_scale.scaling.analysis import AnalysisError
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("sweep_dir", None, "Directory whose subdirectories are runs "
-                    "(config.json + metrics.jsonl).")
+                    "(config.json + metrics.jsonl); several, comma-separated, are analysed "
+                    "together (e.g. one study per warm-start: the warm-starts are the test's "
+                    "blocks; --out is then required).")
 flags.DEFINE_string("target", "auto", "Validation score target J*, or 'auto': the reference's "
                     "start + --target_fraction of the way to what all its seeds reach (at "
                     "least 3 eval SEs).")

@@ -1,4 +1,5 @@
-r"""Decode throughput of `jaxrl_scale.sampling.generate` across batch sizes (SCIENCE.md §3).
+r"""Decode throughput of `jaxrl_scale.sampling.generate` across batch sizes (docs/science.md,
+Step-cost model; the critical generation batch: docs/science.md, Critical batches).
 
 Per batch: generated tokens/s (median of --repeats timed calls after one warm-up call that
 compiles), step time, prefill time; then the fit t_step = d0 + d1 * B, the critical generation

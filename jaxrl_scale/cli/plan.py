@@ -1,6 +1,6 @@
 r"""Plan the batch size before a sweep: from one probe run at the reference batch B0 and a
 step-time fit, predict r_N(B), r_q(B) and T/T0 = r_N / r_q with intervals at candidate batches
-and recommend the batch range that minimises time to target (SCIENCE.md sections 1, 3, 5;
+and recommend the batch range that minimises time to target (docs/science.md, The planner;
 jaxrl_scale/scaling/planner.py has the math and the range rule).
 
     python experiments/plan.py --probe_run=runs/grpo_P16_G8_sqrt_s0 --target=0.27 \
@@ -12,7 +12,7 @@ jaxrl_scale/scaling/planner.py has the math and the range rule).
 
 Exactly one throughput source (--chip: jaxrl_scale.scaling.roofline.roofline_fit at the
 candidates and B0, no throughput interval). --probe_run takes several run dirs (seeds of one
-config): their updates are pooled. Writes OUT_DIR/plan.json (docs/API.md "Planner output"; or
+config): their updates are pooled. Writes OUT_DIR/plan.json (docs/api.md, plan.json; or
 --json_out), plan.png, timings.json (the timing entries, unless --chip) and,
 with --compare, compare.json + compare.md. Bad input: one line `error: ...` and exit 2.
 """

@@ -37,9 +37,14 @@ def analyze_and_report(sweep_dir: str | None, target, reference: str | None = No
     sio.check_scores(runs, score_range)
     summary = analysis.analyze(runs, target, reference, tolerance, fit_sigmoid,
                                skipped=skipped, sweep_dir=sweep_dir, **kwargs)
+    plans = analysis.sweep_dirs(sweep_dir)
+    if out is None and len(analysis.sweep_dirs(sweep_dir)) > 1:
+        raise analysis.AnalysisError("out: several --sweep_dir studies have no one directory "
+                                     "to write to. Fix: pass --out=DIR")
     out = out or sweep_dir or os.path.dirname(os.path.abspath(csv[0]))
     summary_path = analysis.write_summary(out, summary)
-    report_path = report.render(summary, out, runs, plans_dir=sweep_dir or out)
+    report_path = report.render(summary, out, runs,
+                                plans_dir=plans[0] if len(plans) == 1 else out)
     return dict(summary.to_json(), summary_path=summary_path, report_path=report_path)
 
 
@@ -48,6 +53,11 @@ def _load(sweep_dir, extra, fmt, overrides):
     readers."""
     if sweep_dir is None or fmt == "jaxrl":
         return analysis.load_runs(sweep_dir, extra)
+    dirs = analysis.sweep_dirs(sweep_dir)
+    if len(dirs) > 1:    # several studies: each read on its own, the runs pooled
+        parts = [_load(d, [], fmt, overrides) for d in dirs]
+        return ([r for p in parts for r in p[0]] + list(extra),
+                [s for p in parts for s in p[1]])
     try:
         sweep = readers.read_sweep_dir(sweep_dir, fmt, **overrides)
     except FileNotFoundError as e:

@@ -36,8 +36,9 @@ def _updates_made(empty_U) -> Any:
 
 def step_metrics(m: dict, micro_batch_size: int, max_grad_norm: float,
                  critic: dict | None = None, actor_batch: int | None = None) -> dict[str, Any]:
-    """The update's metrics as JSON, under the step's own names (docs/usage.md, "Metrics"): scalars
-    as floats, micro-batch norms as lists; adds micro_batch_size and whether clipping acted.
+    """The update's metrics as JSON, under the step's own names (docs/api.md, metrics.jsonl):
+    scalars as floats, micro-batch norms as lists; adds micro_batch_size and whether clipping
+    acted.
 
     critic: the PPO critic's schedule {"critic_updates", "critic_batch",
     "critic_micro_batch_size"}, recorded as is. With several critic updates per rollout its

@@ -1,7 +1,8 @@
 """The study's design: `SweepConfig`, the named `STUDIES`, and every run of the study as a
 TrainConfig (its name, batch, lr rule and budget). Pure: nothing here starts a run.
 
-Protocol (the source's, SCIENCE.md section 2): the base lr is tuned at the reference batch
+Protocol (the source's; docs/science.md, Batch-size invariance and the lr rules, and
+Learning-rate tuning and its bracket): the base lr is tuned at the reference batch
 B0 = base_prompts * base_group by a small stage of its own (SWEEP_DIR/_lr_tune, every lr at
 every tune seed); every other run scales it by its lr rule (sqrt; the fixed-lr control keeps
 it). Each run lives in SWEEP_DIR/<algo>_P<P>_G<G>_<rule>_s<seed>; a run with asynchronous
@@ -90,17 +91,17 @@ class SweepConfig:
 STUDIES: dict[str, dict[str, Any]] = {
     # GRPO, 5 batches over 16x (64..1024 responses, sqrt lr), reference B0 = 128 (P=16 x G=8)
     # with its lr tuned first, 12 seeds: 60 runs, exact evals every 1,024 responses. Designed
-    # for power (issue 27 item 6): at the seed-to-seed spread of log N* measured in the
+    # for power: at the seed-to-seed spread of log N* measured in the
     # recorded studies (about 0.2 without eval noise) Holm over 4 configs detects r_N = 1.3
     # with 80% power from 12 seeds (familywise.seeds_needed); the fixed-lr control and the
     # equal-P*G pairs, which more configs would make a larger family, are in "full". Then an
-    # interleaved timing pass, 8 rounds over the batches, that r_q comes from (item 5).
+    # interleaved timing pass, 8 rounds over the batches, that r_q comes from.
     # The auto target sits three quarters of the way from the start to what every reference
     # seed reached (not half-way): there every run of the recorded default study has >= 6 of
-    # its evals before N* (item 2; half-way: a median of 5, the fewest 3; 40 of 60 runs < 6)
+    # its evals before N* (half-way: a median of 5, the fewest 3; 40 of 60 runs < 6)
     # and the seed spread of log N* is 0.11 instead of 0.19 (the curves are past their noisy
     # first bend): results/target_fraction.
-    # The lr is tuned at 3 seeds per lr (issue 38 item 3): one seed's scores of adjacent lrs
+    # The lr is tuned at 3 seeds per lr: one seed's scores of adjacent lrs
     # differed by less than the seed-to-seed SD of the score (0.0024), so a one-seed
     # "bracket" was noise; with 3 the choice and its bracket come with intervals.
     "default": {"fixed_prompts": (), "pairs": (), "seeds": tuple(range(12)),

@@ -342,7 +342,7 @@ def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
     eval0 = _prepare(sweep)
     t_start = time.time()
     errors, timings = _run_all(tune, "lr tuning", progress, eval0, sweep)
-    n_ext = 0   # extend the lr grid until its best value is interior (issue 27 item 1)
+    n_ext = 0   # extend the lr grid until its best value is interior
     while n_ext < sweep.tune_max_extensions:
         more = extend_tuning(sweep, base, tune)
         if not more:

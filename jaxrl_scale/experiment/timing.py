@@ -1,11 +1,12 @@
-"""A short timing pass over candidate batches: the inputs of the section-3 cost model.
+"""A short timing pass over candidate batches: the inputs of the step-cost model
+(docs/science.md, Step-cost model).
 
-SCIENCE.md section 4 picks the batch by maximising q / r_N within memory limits; q needs
-the rollout and update seconds per step at each candidate B, which only the real loop gives
-(sampler, engine, rewards, packing and the jitted update all included). Nothing is learned
-here: a few `Run.train_step` calls per batch, no eval, no checkpoints, nothing written to a
-run directory. `scaling.step_cost.fit_step_times` fits the result and `predict_r_q` turns
-it into r_q at any batch.
+The source picks the batch by maximising q / r_N within memory limits (docs/science.md,
+Critical batches); q needs the rollout and update seconds per step at each candidate B, which
+only the real loop gives (sampler, engine, rewards, packing and the jitted update all
+included). Nothing is learned here: a few `Run.train_step` calls per batch, no eval, no
+checkpoints, nothing written to a run directory. `scaling.step_cost.fit_step_times` fits the
+result and `predict_r_q` turns it into r_q at any batch.
 
 Scheduling (why interleaved): a shared machine's speed drifts over minutes. Timing batch 64
 for a minute and then batch 512 for a minute would compare two machine states; instead every

@@ -11,7 +11,8 @@ pieces meet. Values flow through the loop explicitly: each rollout path returns 
 (rl/rollout.py), the reward helper returns (rewards, failures), the update takes its static
 options as one `StepOptions` (rl/config.py), and the loop's counters and train states are a
 `LoopState` that `Run.train_step` / `Run.evaluate` take and return; `Run` holds only what does
-not change while the run runs (plus the stream and engine that read the data). Accounting (SCIENCE.md section 1):
+not change while the run runs (plus the stream and engine that read the data). Accounting
+(docs/science.md, Time to target):
   responses            cumulative *retained* responses (zero-variance groups filtered out
                        when filter_zero_variance; they still count in responses_generated)
   time_s               cumulative wall seconds of generation + rewards + update (eval excluded,

@@ -1,7 +1,7 @@
 """Live views of a run: the scalars of metrics.jsonl, under the same keys, in TensorBoard or W&B.
 
 metrics.jsonl stays the record of truth (the analysis reads it); these writers only mirror it,
-so the names a user reads in docs/usage.md's metric table are the names on the charts. Each
+so the names a user reads in docs/api.md's metrics table are the names on the charts. Each
 record is logged at its "step" (the x-axis); a training and an eval record of one step both
 land there, under their different keys.
 """

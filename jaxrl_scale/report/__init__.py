@@ -9,7 +9,8 @@ synchronous": q, N* and T ratios against the synchronous twin. Every number come
 the typed summary of `jaxrl_scale.scaling.analysis.analyze`, with its interval at the
 summary's ``ci_level`` where it has one.
 
-Figures (SCIENCE.md sections 1-4): `FIGURES`, each described in `figures`.
+Figures (docs/science.md, Time to target, Step-cost model and Critical batches): `FIGURES`,
+each described in `figures`.
 
 Split by what it is: `figures` (PNG), `tables` (markdown tables), `text` (sentences), `base`
 (shared views of the summary). Renders only: every number and decision comes from the
@@ -71,7 +72,7 @@ def render(summary, out_dir: str, runs: Sequence[Run] = (), plans_dir: str | Non
     md += ["", "Source findings:", ""]
     md += [f"- ({k}) {claim}: **{status}**: {why}." for k, claim, status, why in
            source_findings(summary)]
-    if summary.familywise:   # issue 27: t intervals on log ratios, Holm over the sweep
+    if summary.familywise:   # t intervals on log ratios, Holm over the sweep
         rq_of = ("r_q, both r_q and T/T0 from the interleaved timing pass (the in-run r_q "
                  "stays in summary.json as r_q_in_run, the cross-check)"
                  if summary.drift is not None and summary.drift.controlled else "r_q")

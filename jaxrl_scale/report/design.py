@@ -1,4 +1,4 @@
-"""The report's first lines about the design itself (issue 27 items 1, 3, 5, 6): the regime
+"""The report's first lines about the design itself: the regime
 the machine is in, the lr bracket, the power of the design under family-wise control, and
 whether machine drift is controlled. They only render fields of the Summary, before any
 verdict."""
@@ -173,13 +173,17 @@ def power_lines(summary: Summary | dict) -> list[str]:
             q = (f"; r_q from the timing pass adds its error (SE of log r_q "
                  f"{fmt(p.pass_se, 2)}, {p.pass_df} df; from learning alone the "
                  f"design would detect r_N >= {fmt(p.min_detectable_r_N_learning_only)})")
+        unit_note = " (each the mean of its seeds, the interaction included)" if p.units \
+            else ""
         out.append(
-            f"Power [{algo}]: with {p.seeds} seeds per config and Holm over {p.tests} "
+            f"Power [{algo}]: with {p.seeds} {p.units or 'seeds'} per config and Holm over "
+            f"{p.tests} "
             f"configs at family-wise error {fmt(p.alpha, 2)}, this design calls a config "
             f"slower with 80% power when its r_N >= {fmt(p.min_detectable_r_N)} at the "
             f"reference's throughput, and T/T0 >= {fmt(p.min_detectable_T_over_T0)} "
             f"(or <= {fmt(p.min_detectable_T_over_T0_below)}) (measured "
-            f"spread of log N* between seeds, eval noise included: {fmt(p.sigma_log_N, 2)}, "
+            f"spread of log N* between {p.units or 'seeds'}{unit_note}, eval "
+            f"noise included: {fmt(p.sigma_log_N, 2)}, "
             f"{p.df} df{q}); power at r_N {at}." + _design_note(p) + _evals_note(p))
     return out
 
@@ -209,7 +213,7 @@ def warm_start_lines(summary: Summary | dict) -> list[str]:
 
 
 def _design_note(p) -> str:
-    """What the measured spread asks of a design that detects r_N >= 1.3 (issue 27 item 6)."""
+    """What the measured spread asks of a design that detects r_N >= 1.3 ."""
     d = p.design_for_target or {}
     here, small = d.get("this_family") or {}, d.get("small_family") or {}
     if not here or (here.get("seeds") or 0) <= p.seeds and here.get("seeds"):

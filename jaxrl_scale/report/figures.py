@@ -80,7 +80,7 @@ def plot_learning_curves(runs: Sequence[Run], summary: Summary, path: str) -> st
     colors = _batch_colors([r.batch for r in runs])
     # configs sharing a batch (e.g. the same B with and without refill) get a colour each
     by_group = len({r.batch for r in runs}) < len(groups)
-    kinds, generated = set(), False
+    kinds = set()
     for ax, algo in zip(axes, algos):
         items = sorted(((g, rs) for g, rs in groups.items() if (rs[0].algo or "?") == algo),
                        key=lambda kv: (kv[1][0].batch or math.inf, kv[0]))
@@ -93,12 +93,11 @@ def plot_learning_curves(runs: Sequence[Run], summary: Summary, path: str) -> st
             st = configs.get(g)
             color = f"C{i % 10}" if by_group else colors.get(rs[0].batch, "gray")
             ref = " (ref)" if st is not None and _is_ref(summary, g, st) else ""
-            gen = st is not None and st.sample_axis == "generated"
-            generated |= gen
+            refill = st is not None and bool(st.refill)
             verdict = _table_verdict(summary, g, st) if st and not ref else "-"
             label = (f"{g}{ref}: B={fmt(rs[0].batch)}, {len(rs)} seed(s)"
                      + (f", {verdict}" if verdict != "-" and not verdict.startswith("n/a")
-                        else "") + (", N generated" if gen else ""))
+                        else "") + (", refill" if refill else ""))
             partial = rs[0].gen_batch_ratio != 1
             ax.plot(grid, mean, linestyle=_style(rs[0].lr_rule), color=color, lw=1.5,
                     label=label, marker="^" if partial else None, markevery=0.1, ms=4)
@@ -106,8 +105,7 @@ def plot_learning_curves(runs: Sequence[Run], summary: Summary, path: str) -> st
         t = summary.targets.get(algo, summary.primary.target)
         if _ok(t):
             ax.axhline(t, color="red", lw=0.9, ls=":", label=f"target J* = {fmt(t)}")
-        ax.set_xlabel("cumulative responses N: retained; generated where the legend says"
-                      if generated else "cumulative retained responses N")
+        ax.set_xlabel("cumulative retained responses N")
         ax.set_ylabel("validation score J")
         ax.set_title(f"{algo}: seed-mean learning curves", fontsize=10)
         ax.legend(fontsize=7, loc="lower right")

@@ -62,8 +62,8 @@ def format_table(summary, per_run: bool = False) -> str:
         ref = " (ref)" if _is_ref(summary, g, st) else ""
         n_txt = (fmt_ci(st.N_star, st.N_star_ci) if st.reached
                  else "not reached")
-        if st.sample_axis == "generated":   # N and q count responses generated
-            n_txt += " gen."
+        if st.refill:   # r_q from the runs themselves (their refill rounds included)
+            n_txt += " refill"
         lines.append(
             f"| {g}{ref} | {a}{st.seeds_reached}/{st.seeds} | "
             f"{fmt(st.batch)} | {st.lr_rule or '-'} | "
@@ -73,7 +73,8 @@ def format_table(summary, per_run: bool = False) -> str:
             f"{fmt_ci(st.T_over_T0, st.T_over_T0_ci)} | "
             f"{_table_verdict(summary, g, st)} | {fmt(st.clipped_update_fraction)} | "
             f"{bs_txt} |")
-    if any(st.sample_axis == "generated" for _, st in _sorted_configs(summary)):
-        lines.append("\ngen.: N* and q count responses generated, the refill rounds of dynamic "
-                     "sampling (--refill) included; elsewhere retained responses.")
+    if any(st.refill for _, st in _sorted_configs(summary)):
+        lines.append("\nrefill: dynamic sampling (--refill). N* counts retained responses, as "
+                     "everywhere; the refill rounds' generation time is in q, and r_q is the "
+                     "runs' own.")
     return "\n".join(lines)

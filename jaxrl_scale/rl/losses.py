@@ -4,7 +4,7 @@ Shapes: N responses (= P*G, prompt-major), P prompts, G group size, B batch rows
 
 Every function is pure and jit-able. Arguments that change the graph (estimator names,
 aggregation modes, clip settings) are Python values, checked eagerly with clear errors.
-Definitions follow docs/SCIENCE.md section 6 (verl, Tunix and TRL agree on them).
+Definitions: docs/science.md, Losses and advantages (verl, Tunix and TRL agree on them).
 """
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ generated but not trained on, as verl aligns its batch). When the cap ends the r
 of P, the batch is topped up with filtered groups whose loss mask is empty: the shapes stay
 fixed and the shortfall is counted (`refill_short`), never hidden.
 
-Counting (SCIENCE.md section 1): `generated` = every response of every round, `retained` =
-the rows the loss sees. A refilled run's sample axis is responses generated
+Counting (docs/science.md, Time to target): `generated` = every response of every round,
+`retained` = the rows the loss sees. A refilled run's sample axis is responses generated
 (scaling/io.py), since the refill rounds are what a larger retained batch costs.
 """
 from __future__ import annotations

@@ -55,7 +55,7 @@ class Rollout:
         return [e for e in self.examples for _ in range(self.group_size)]
 
     def fields(self) -> dict[str, Any]:
-        """The rollout fields of the step's record (docs/API.md, "Rollout fields"): the
+        """The rollout fields of the step's record (docs/api.md, Rollout fields): the
         engine's round statistics and staleness; none for `generate`."""
         if self.versions_BM is None:
             return {}
@@ -66,7 +66,7 @@ class Rollout:
 def staleness_metrics(versions_BM: np.ndarray, lengths_B: np.ndarray, version: int
                       ) -> dict[str, float]:
     """Policy versions between sampling and this update, over the batch's response tokens
-    (docs/API.md, "Rollout fields")."""
+    (docs/api.md, Rollout fields)."""
     mask_BM = np.arange(versions_BM.shape[1])[None, :] < np.asarray(lengths_B)[:, None]
     lag = (version - np.asarray(versions_BM))[mask_BM]
     if not lag.size:
@@ -134,7 +134,8 @@ def score_rollout(r: Rollout, tokenizer, reward_fn) -> tuple[np.ndarray, int]:
 @dataclasses.dataclass(frozen=True)
 class LoopState:
     """The run's changing state: the train state(s) (policy, and PPO's critic) and the loop's
-    counters (SCIENCE.md section 1). `counters()` is what checkpoints and DONE.json hold."""
+    counters (docs/science.md, Time to target). `counters()` is what checkpoints and DONE.json
+    hold."""
 
     states: tuple
     step: int = 0

@@ -9,20 +9,22 @@ old_logp_BT[b, t] / ref_logp_BT[b, t] are log-probs of tokens_BT[b, t] (0 on pro
 The logits at position t predict token t + 1, so the losses live in the shifted action frame
 of length S: logp_BS = log pi(tokens[:, 1:] | logits[:, :-1]), mask_BS = loss_mask_BT[:, 1:], ...
 
-Batch-size invariance (docs/SCIENCE.md section 2). The loss normaliser (valid-token count for
-token-mean, row counts for the seq-mean modes) is computed from the whole update batch before it
-is split, turned into per-token weights w with sum(x * w) == aggregate(x, mask, agg), and every
-micro-batch contributes sum(x * w) over its rows. Gradients are summed in a `lax.scan`
-(rl/microbatch.py), so the update does not depend on the micro-batch count M. Rows are
-prompt-major (group i is rows i*G .. i*G + G - 1) and micro-batch m holds whole groups m, m + M,
-m + 2M, ...: a group is never split (the noise-scale estimator must see between-prompt
-variance, section 5), and every micro-batch still spans all data-parallel shards.
+Batch-size invariance (docs/science.md, Batch-size invariance and the lr rules). The loss
+normaliser (valid-token count for token-mean, row counts for the seq-mean modes) is computed
+from the whole update batch before it is split, turned into per-token weights w with
+sum(x * w) == aggregate(x, mask, agg), and every micro-batch contributes sum(x * w) over its
+rows. Gradients are summed in a `lax.scan` (rl/microbatch.py), so the update does not depend
+on the micro-batch count M. Rows are prompt-major (group i is rows i*G .. i*G + G - 1) and
+micro-batch m holds whole groups m, m + M, m + 2M, ...: a group is never split (the
+noise-scale estimator must see between-prompt variance), and every micro-batch still spans all
+data-parallel shards.
 
-Gradient noise (section 5). `actor_grad_sqnorm_micro` [M] holds |g_m|^2 where g_m is the gradient of
-the loss micro-batch m alone would give under the same aggregation (the "small batch" of the
-two-batch estimator, B_small = B / M); `actor_grad_sqnorm` is |g|^2 of the whole batch (B_big = B)
-and `actor_grad_norm` its square root, the pre-clip global norm (critic_* the same for PPO's
-critic). These are the names of docs/API.md: the loop logs the step's metrics unrenamed.
+Gradient noise (docs/science.md, Gradient noise scale). `actor_grad_sqnorm_micro` [M] holds
+|g_m|^2 where g_m is the gradient of the loss micro-batch m alone would give under the same
+aggregation (the "small batch" of the two-batch estimator, B_small = B / M);
+`actor_grad_sqnorm` is |g|^2 of the whole batch (B_big = B) and `actor_grad_norm` its square
+root, the pre-clip global norm (critic_* the same for PPO's critic). These are the names of
+docs/api.md, Gradient-norm fields: the loop logs the step's metrics unrenamed.
 """
 from __future__ import annotations
 
@@ -286,7 +288,7 @@ def _policy_update(state: TrainState, data: dict[str, Array], o: StepOptions):
 
 
 # Metrics of one network's update that both algorithms log: named actor_* / critic_* in the
-# step itself (docs/API.md, "Gradient-norm fields"), except the actor's lr, tokens and
+# step itself (docs/api.md, Gradient-norm fields), except the actor's lr, tokens and
 # empty_minibatch, which keep their own names.
 _PER_NETWORK = ("grad_sqnorm_micro", "grad_sqnorm", "grad_norm", "lr", "nonfinite_count",
                 "loss", "grads", "tokens", "empty_minibatch")
@@ -429,8 +431,9 @@ def ppo_step(actor_state: TrainState, critic_state: TrainState, batch: RolloutBa
 
     The critic has its own schedule: `critic_minibatches` x `critic_epochs` optimizer updates
     per rollout (None: the actor's num_minibatches / epochs), because its gradient noise, and
-    so its critical batch, differs from the actor's (SCIENCE.md section 5). Both read the same
-    pre-update values for GAE, so the actor's update does not depend on the critic's schedule.
+    so its critical batch, differs from the actor's (docs/science.md, Gradient noise scale).
+    Both read the same pre-update values for GAE, so the actor's update does not depend on the
+    critic's schedule.
     Returns (actor_state, critic_state, metrics).
     """
     o = options

@@ -416,7 +416,7 @@ def generate(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], *, max_
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              eos_id: int | None, pad_id: int, seed: int | jax.Array = 0,
              mesh: Mesh | None = None, data_axes: Sequence[str] | None = None) -> GenerateOutput:
-    """Sample up to `max_new_tokens` tokens for each prompt (see API.md, Sampling).
+    """Sample up to `max_new_tokens` tokens for each prompt (docs/api.md, Sampling).
 
     prompts: list of token-id lists of any lengths (left-padded internally).
     temperature=0.0 is greedy (top_k / top_p ignored). eos_id=None (or an id outside the

@@ -1,8 +1,9 @@
 """Scaling analysis: time-to-target, throughput model, gradient noise scale (numpy only).
 
 Reads ``metrics.jsonl`` / ``config.json`` run directories (or CSVs from other frameworks) and
-computes N*, q, r_N, r_q, T/T0 (SCIENCE.md section 1), the two critical batches (section 4)
-and the McCandlish noise scale (section 5).
+computes N*, q, r_N, r_q, T/T0 (docs/science.md, Time to target), the two critical batches
+(docs/science.md, Critical batches) and the McCandlish noise scale (docs/science.md,
+Gradient noise scale).
 """
 
 from jaxrl_scale.scaling.analysis import (

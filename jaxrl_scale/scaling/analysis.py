@@ -4,14 +4,15 @@ Per run: N* from the isotonic (monotone) fit of its eval curve, with a parametri
 of the eval noise; q = N* / t(N*) with a bootstrap over step durations. Per config (a run name
 without its seed): seed means, a hierarchical bootstrap (seeds, then each seed's replicates),
 N*, q, r_N, r_q, T/T0 with intervals at ``ci_level`` and a verdict against the reference of
-its own algorithm (SCIENCE.md sections 1-4). Then the set of configs not distinguishable from
-the fastest, both critical batches, grad-norm slopes, noise scales and curve invariance with
-a band derived from the measured eval noise; and, for configs run with asynchronous partial
-rollout (gen_batch_ratio k > 1), their q, N* and T against the synchronous twin (section 3).
-Verdicts and the fastest set are family-wise over all configs of the sweep
-(`scaling.familywise`: Holm over seed-paired, pooled-variance t tests of log T/T0; the t
-intervals replace the bootstrap ones as *_ci, which stay as *_ci_boot), with the design's
-power (min_detectable_r_N); r_q prefers an interleaved timing pass (`scaling.drift`).
+its own algorithm (docs/science.md, Time to target and Intervals). Then the set of configs not
+distinguishable from the fastest, both critical batches, grad-norm slopes, noise scales and
+curve invariance with a band derived from the measured eval noise; and, for configs run with
+asynchronous partial rollout (gen_batch_ratio k > 1), their q, N* and T against the
+synchronous twin (docs/science.md, Partial rollout). Verdicts and the fastest set are
+family-wise over all configs of the sweep (`scaling.familywise`: Holm over seed-paired,
+pooled-variance t tests of log T/T0; the t intervals replace the bootstrap ones as *_ci, which
+stay as *_ci_boot), with the design's power (min_detectable_r_N); r_q prefers an interleaved
+timing pass (`scaling.drift`).
 Pure numpy: it never imports JAX.
 """
 
@@ -159,14 +160,22 @@ def run_stats(run: Run, target: float, n_boot: int, rng: np.random.Generator,
 
 DEFAULT_TARGET_FRACTION = 0.5
 SWEEP_FILE = "sweep.json"          # the study's SweepConfig, written by experiment/sweep.py
-MIN_EVALS_BEFORE_N_STAR = 6   # issue 27 item 2: where N* is decided by evals, not by shape
+MIN_EVALS_BEFORE_N_STAR = 6   # where N* is decided by evals, not by the curve's shape
+
+
+def sweep_dirs(sweep_dir: str | None) -> list[str]:
+    """The studies of ``sweep_dir``: one directory, or several given comma-separated (e.g.
+    the same study from several warm-starts, analysed together with the warm-starts as
+    blocks)."""
+    return [d.strip() for d in (sweep_dir or "").split(",") if d.strip()]
 
 
 def recorded_target_fraction(sweep_dir: str | None) -> float:
     """The auto target's fraction a study chose (SWEEP_DIR/sweep.json "sweep" ->
     "target_fraction"), so that re-analysing its directory decides at the same target;
     DEFAULT_TARGET_FRACTION for logs without one (other frameworks, older sweeps)."""
-    path = os.path.join(sweep_dir, SWEEP_FILE) if sweep_dir else None
+    dirs = sweep_dirs(sweep_dir)
+    path = os.path.join(dirs[0], SWEEP_FILE) if dirs else None
     if not path or not os.path.isfile(path):
         return DEFAULT_TARGET_FRACTION
     with open(path) as f:
@@ -176,7 +185,7 @@ def recorded_target_fraction(sweep_dir: str | None) -> float:
 
 
 def evals_before_n_star(per_run: dict, algo: str, needed: int) -> dict | None:
-    """How many evals of each run of `algo` fall before its N* (issue 27 item 2: N* decided by
+    """How many evals of each run of `algo` fall before its N* (N* decided by
     evals, not by the curve's shape between two of them): min, median, and the runs (and
     their configs) with fewer than `needed`. None when no run reached."""
     k = {n: x["evals_before_N_star"] for n, x in per_run.items()
@@ -398,8 +407,13 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
                  T_over_T0=r_n / r_q if is_number(r_n) and is_number(r_q) and r_q else None,
                  is_reference=r.name in {z.name for _, rs in refs.values() for z in rs})
 
-    if timing is None and sweep_dir is not None:
-        timing = sdrift.read_timing(sweep_dir)
+    dirs = sweep_dirs(sweep_dir)
+    one_dir = dirs[0] if len(dirs) == 1 else None
+    if timing is None and one_dir is not None:
+        timing = sdrift.read_timing(one_dir)
+    elif timing is None and len(dirs) > 1:
+        warnings.append(f"{len(dirs)} studies analysed together: r_q from the runs' own step "
+                        "times (the studies' timing passes are not pooled)")
     drift_info, timing_offsets = sdrift.interleaved_r_q(
         timing, configs, refs, ci_level, {g: b["r_q"].value for g, b in boot.items()})
     # Family-wise verdicts and fastest sets (scaling.familywise): their t estimates become
@@ -450,8 +464,8 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
     partial = partial_rollout(cstats, creps, groups, reps, rng, ci_level)
     found = findings.source_findings(per_algo, cstats, creps, ci_level, tolerance, primary,
                                      per_algo[primary].critical_generation_batch)
-    tuning = lr_bracket.read_lr_tuning(sweep_dir) if sweep_dir is not None else None
-    extras = lr_bracket.read_tuning_extras(sweep_dir) if sweep_dir is not None else {}
+    tuning = lr_bracket.read_lr_tuning(one_dir) if one_dir is not None else None
+    extras = lr_bracket.read_tuning_extras(one_dir) if one_dir is not None else {}
     return Summary(
         ci_level=ci_level, primary_algo=primary,
         algos=per_algo,
@@ -461,7 +475,7 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
         skipped=list(skipped), warnings=warnings, sweep_dir=sweep_dir,
         familywise={k: fw[k] for k in ("families", "n_tests", "alpha", "margin", "method")},
         **power_and_evals(fw, ci_level, primary, per_run), drift=Drift.from_json(drift_info),
-        # issue 27 item 1: the primary algorithm's lr record, and all of them
+        # the primary algorithm's lr record, and all of them
         lr_tuning=(tuning.get(primary) or next(iter(tuning.values()))) if tuning else None,
         lr_tuning_by_algo=tuning or None,
         lora=lora_configs(groups) or None,
@@ -480,9 +494,9 @@ def analyze_sweep(sweep_dir: str | None, target: Any = "auto", reference: str | 
                   extra_runs: Sequence[Run] = (), **kwargs) -> dict:
     """summary.json dict of a sweep directory (plus ``extra_runs``, e.g. CSV imports).
 
-    Keys: the uncertainty contract of docs/API.md (ci_level, eval_se, signal_to_noise,
+    Keys (docs/api.md, summary.json): ci_level, eval_se, signal_to_noise,
     reference_config(s), configs {N_star(_ci), q(_ci), r_N(_ci), r_q(_ci), T_over_T0(_ci),
-    verdict, ...}, best_set, critical_training_batch, critical_generation_batch) plus runs
+    verdict, ...}, best_set, critical_training_batch, critical_generation_batch, plus runs
     {name: {N_star, q, r_N, r_q, T_over_T0, reached, ...}}, grad-norm slopes, partial_rollout
     [{config, sync_config, gen_batch_ratio, q_ratio(_ci), r_N(_ci), T_ratio(_ci), verdict,
     ...}] (empty without k > 1 configs), skipped dirs and warnings. Raises AnalysisError naming
@@ -496,15 +510,15 @@ def analyze_sweep(sweep_dir: str | None, target: Any = "auto", reference: str | 
 
 def load_runs(sweep_dir: str | None, extra_runs: Sequence[Run] = ()
               ) -> tuple[list[Run], list[dict]]:
-    """(runs, skipped directories) of a sweep directory plus ``extra_runs``; AnalysisError
-    naming the problem when there is no run."""
+    """(runs, skipped directories) of a sweep directory (or several, `sweep_dirs`) plus
+    ``extra_runs``; AnalysisError naming the problem when there is no run."""
     runs, skipped = [], []
-    if sweep_dir is not None:
+    for d in sweep_dirs(sweep_dir):
         try:
-            sweep = sio.read_sweep(sweep_dir)
+            sweep = sio.read_sweep(d)
         except FileNotFoundError as e:
             raise AnalysisError(str(e)) from None
-        runs, skipped = sweep.runs, sweep.skipped
+        runs, skipped = runs + sweep.runs, skipped + sweep.skipped
     runs = runs + list(extra_runs)
     if not runs:
         detail = "; ".join(f"{s['dir']}: {s['reason']}" for s in skipped) or "it is empty"

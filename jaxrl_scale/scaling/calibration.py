@@ -1,4 +1,4 @@
-"""Calibration of the analysis (issue 27, item 8): simulated sweeps with a known truth through
+"""Calibration of the analysis: simulated sweeps with a known truth through
 the same `analysis.analyze_runs` a real sweep goes through, and the rates it achieves.
 
 A simulated run of config c (cost r_N,c, throughput q_c) and seed k has the true curve
@@ -56,7 +56,7 @@ class Design:
     drift: float = 0.0          # sd of a per-config log slow-down (back-to-back seeds)
     q: float = 1000.0           # responses / s of every config (r_q = 1 unless q_ratio)
     target_fraction: float = 0.5   # the analysis' auto target (analysis.auto_target)
-    # The timing pass r_q comes from (issue 38): 0 blocks = none (r_q from in-run q). Per
+    # The timing pass r_q comes from: 0 blocks = none (r_q from in-run q). Per
     # block every config's log step time moves by N(0, pass_block_sd) (a fresh build at a
     # later minute), per round by N(0, pass_round_sd) (PASS_NOISE: from the recorded passes).
     timing_blocks: int = 0         # blocks before the stopping rule (experiment.timing)
@@ -86,7 +86,7 @@ POWERED = dataclasses.replace(SAMPLED_3_SEEDS, seeds=8, eval_every=1024)
 DEFAULT = dataclasses.replace(
     SAMPLED_3_SEEDS, configs=SAMPLED_3_SEEDS.configs[:5], seeds=12, eval_every=1024, eval_n=0,
     target_fraction=0.75, timing_blocks=4, timing_max_blocks=8, **PASS_NOISE)
-# The default study's learning alone (r_q from in-run q): the design before issue 38.
+# The default study's learning alone (r_q from in-run q): the design before the timing pass.
 DEFAULT_NO_PASS = dataclasses.replace(DEFAULT, timing_blocks=0)
 
 
@@ -243,7 +243,6 @@ def calibrate(design: Design, n_sweeps: int, seed: int = 0, effects: Sequence[fl
             "effect_config": target_cfg, "null_fwer": _rate(null_err), "power": power,
             "false_in_effect": false_eff, "coverage_T": _rate(cov_T),
             "coverage_r_N": _rate(cov_N),
-            "coverage_tau": _rate(tau_cov) if tau_cov else None,
             "coverage_T_null_by_config": {g: _rate(x) for g, x in cov_by.items()},
             "coverage_T_effect_config": {e: _rate(x) for e, x in cov_eff.items()},
             "median_min_detectable_r_N": float(np.median(mde)) if mde else None,

@@ -1,7 +1,7 @@
 """Per config: the seed statistics and bootstrap ratios of a sweep's configs, the typed
 `summary.ConfigStats` each is built into once (with its family-wise test and the timing
-pass's r_q), and the critical training batch read from them (SCIENCE.md sections 1-4).
-Numpy only, no JAX."""
+pass's r_q), and the critical training batch read from them (docs/science.md, Time to
+target, Intervals and Critical batches). Numpy only, no JAX."""
 
 from __future__ import annotations
 
@@ -58,8 +58,8 @@ def config_stats(groups: dict[str, list[Run]], per_run: dict, reps: dict, refs: 
               "T": or_none(N / q) if all_reached and q > 0 else None,
               "N_star_reached_mean": or_none(np.mean([x["N_star"] for x in xs
                                                        if x["reached"]])) if n_reached else None}
-        if any(r.sample_axis == "generated" for r in rs):
-            st["sample_axis"] = "generated"
+        if any(r.refill for r in rs):
+            st["refill"] = True
         for k in ("N_star", "q"):
             vals = [x[k] for x in xs if x["reached"] and is_number(x[k])]
             st[k + "_std"] = float(np.std(vals)) if len(vals) > 1 else None

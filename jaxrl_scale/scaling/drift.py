@@ -1,4 +1,4 @@
-"""Throughput that machine drift cannot fake (issue 27 item 5, issue 38 item 1). Pure numpy.
+"""Throughput that machine drift cannot fake. Pure numpy.
 
 In-run q comes from each run's own step times, and a sweep runs each config's seeds back to
 back: a slow spell of a shared machine lands on one config and moves its r_q. A timing pass
@@ -150,9 +150,9 @@ def interleaved_r_q(timing: Sequence[dict] | None, configs: dict, refs: Mapping,
                 "configs": {}}, {}
     from jaxrl_scale.scaling.familywise import t_ppf
     out, offsets, units = {}, {}, set()
-    # the pass times one rollout round per update: a refilled config's r_q (responses
-    # generated per second, its extra rounds included) is its runs' own
-    refilled = sorted(g for g, st in configs.items() if st.get("sample_axis") == "generated")
+    # the pass times one rollout round per update: a refilled config's r_q (retained
+    # responses per second, its refill rounds' time included) is its runs' own
+    refilled = sorted(g for g, st in configs.items() if st.get("refill"))
     for algo, (ref, _) in refs.items():
         if ref not in configs or ref in refilled:
             continue

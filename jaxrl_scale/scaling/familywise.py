@@ -1,5 +1,5 @@
-"""Family-wise decisions over the configs of a sweep (issue 27, item 4), and the power of the
-design (item 6). Pure numpy functions; `scaling.analysis` calls `sweep_tests`.
+"""Family-wise decisions over the configs of a sweep, and the power of the design. Pure
+numpy functions; `scaling.analysis` calls `sweep_tests`.
 
 Model. Per run (config c, seed k) the analysis has y_ck = log N*_ck (or log q_ck, or
 log T_ck = log N*_ck - log q_ck). Seed-to-seed learning speed and eval noise both enter y_ck;
@@ -13,6 +13,12 @@ on the log scale their spread is taken to be the same for every config of an alg
   contrast mu_c - mu_0 is the mean over seeds of y_ck - y_0k, SE = sigma sqrt(2 / K);
 - unpaired (seed sets differ): one-way, sigma^2 pooled within configs with sum(K_c - 1) df,
   SE = sigma sqrt(1 / K_c + 1 / K_0).
+
+Warm-starts as blocks. When the runs come from two or more warm-starts (Run.block), the
+unit is a warm-start: y_cw is config c's mean over its seeds from warm-start w, and the model
+above applies with w in place of k. Its error term then holds the warm-start x config
+interaction (sd tau, `interaction_sd`), which one warm-start can never average out, so the
+verdicts are about the population of warm-starts (docs/science.md, Warm-starts as blocks).
 
 The small-sample correction is Student's t with those df (pooling over configs keeps 3-5
 seeds usable: 8 configs x 3 seeds give 14 df instead of 2). Family-wise: Holm's step-down over
@@ -267,9 +273,28 @@ def interaction_sd(configs: dict, per_run: dict, pool: Sequence[str], key: str, 
             "within_sd": math.sqrt(ss / df_w), "df": df}
 
 
+def _with_block_passes(vals: dict, block_offsets: Mapping[str, Mapping[str, Any]],
+                       ref: str) -> bool:
+    """Put each warm-start's own timing pass into the units: log r_q of config g in block w
+    is that block's pass (`drift.PassRatio`, the reference 0), and log T_gw = log N*_gw -
+    log r_q,gw. True when every block's pass covers every config; vals unchanged otherwise.
+    The machine state of each pass then varies with the blocks: it is in the error term."""
+    pool = list(vals["N"])
+    blocks = {w for g in pool for w in vals["N"][g]}
+    if not blocks <= set(block_offsets) or any(
+            g != ref and g not in block_offsets[w] for w in blocks for g in pool):
+        return False
+    for g in pool:
+        lq = {w: (0.0 if g == ref else block_offsets[w][g].log) for w in vals["N"][g]}
+        vals["q"][g] = lq
+        vals["T"][g] = {w: y - lq[w] for w, y in vals["N"][g].items()}
+    return True
+
+
 def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[str, str],
                 level: float, margin: tuple[float, float] = EQUIV_MARGIN,
-                offsets: Mapping[str, Any] | None = None) -> dict:
+                offsets: Mapping[str, Any] | None = None,
+                block_offsets: Mapping[str, Mapping[str, Any]] | None = None) -> dict:
     """Family-wise verdicts, intervals and fastest sets for a sweep.
 
     configs: the analysis' per-config dicts ("algo", "runs", "reached", "is_reference");
@@ -277,7 +302,10 @@ def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[s
     "r_N", ...}} (used when a design has no df); references: {algo: reference config}.
     offsets: {config: `drift.PassRatio`} from an interleaved timing pass; T/T0 then uses it
     (log T/T0 = log r_N - log r_q, Welch-Satterthwaite df) instead of the in-run q, and so do
-    the fastest sets (the verdicts and the fastest set rest on one r_q).
+    the fastest sets (the verdicts and the fastest set rest on one r_q). block_offsets:
+    {warm-start block: {config: PassRatio}}, one timing pass per warm-start, each in its own
+    machine state: with warm-starts as the units, each unit's log T takes its block's pass
+    (`_with_block_passes`) and the test is the paired t over warm-starts.
 
     Returns {"configs": {config: `values.FamilyTest`}, "best_sets": {algo: [config, ...]},
     "families": {algo: {"sigma_log_N", "sigma_log_T", "df", "paired", "seeds"}},
@@ -301,6 +329,8 @@ def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[s
         by_block = _by_block(pool, configs, per_run)
         vals = {key: {g: _values(configs, per_run, g, key, by_block) for g in pool}
                 for key in ("N", "q", "T")}
+        passes = by_block and bool(block_offsets) and _with_block_passes(vals, block_offsets,
+                                                                         ref)
         var = {key: pooled_variance(v) for key, v in vals.items()}
         fam[algo] = {"reference": ref, "paired": var["T"]["paired"], "df": var["T"]["df"],
                      "seeds": var["T"]["seeds"], "sigma_log_N": var["N"]["sigma"],
@@ -308,6 +338,8 @@ def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[s
                      "configs": len(pool)}
         if by_block:
             fam[algo]["units"] = "warm-starts"
+            if passes:
+                fam[algo]["r_q_from"] = "each warm-start's timing pass"
             fam[algo]["warm_starts"] = len({per_run[r]["block"] for g in pool
                                             for r in configs[g]["runs"]})
             fam[algo]["tau_log_N"] = interaction_sd(configs, per_run, pool, "N", var["N"],
@@ -326,10 +358,12 @@ def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[s
                 if v["df"] > 0:
                     est, se = contrast(vals[key], g, ref, v)
                     row[name] = {**t_test(est, se, v["df"], level), "method":
-                                 "paired t" if v["paired"] else "pooled t"}
+                                 ("paired t" if v["paired"] else "pooled t")
+                                 + (" + per-warm-start timing pass"
+                                    if passes and key != "N" else "")}
                 else:
                     row[name] = {"method": "bootstrap", "p": math.nan}
-            if g in offsets and var["N"]["df"] > 0:   # interleaved r_q replaces in-run q
+            if g in offsets and var["N"]["df"] > 0 and not passes:   # the pass's r_q
                 est, se, df = _with_pass(contrast(vals["N"], g, ref, var["N"]),
                                          var["N"]["df"], offsets[g].units)
                 row["T_over_T0"] = {**t_test(est, se, df, level),
@@ -382,7 +416,8 @@ def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[s
         pass_units = ({g: offsets[g].units for g in ok if g in offsets}
                       if offsets and all(g in offsets or configs[g].get("is_reference")
                                          for g in ok) else None)
-        best[algo] = best_set(ok, configs, per_run, creps, alpha, pass_units)
+        best[algo] = best_set(ok, configs, per_run, creps, alpha, pass_units,
+                              block_offsets, references.get(algo))
     return {"configs": out_cfg, "best_sets": best, "families": fam, "n_tests": m,
             "alpha": alpha, "margin": list(margin),
             "method": "Holm over two-sided t tests on log ratios (seed-paired when the "
@@ -406,7 +441,9 @@ def _with_pass(est_se: tuple[float, float], df_n: float, units: np.ndarray
 
 
 def best_set(ok: list[str], configs: dict, per_run: dict, creps: dict, alpha: float,
-             pass_units: Mapping[str, np.ndarray] | None = None) -> list[str]:
+             pass_units: Mapping[str, np.ndarray] | None = None,
+             block_offsets: Mapping[str, Mapping[str, Any]] | None = None,
+             ref: str | None = None) -> list[str]:
     """Configs not distinguishable from the fastest (Hsu's MCB, Bonferroni constant): g stays
     unless log T_g - min_{h != g} log T_h > t_{1 - alpha/(C-1)} SE_gh. With `pass_units`
     ({config: per-unit log r_q of the timing pass}; the reference's is 0), log T = log N* -
@@ -415,7 +452,12 @@ def best_set(ok: list[str], configs: dict, per_run: dict, creps: dict, alpha: fl
         return list(ok)
     if pass_units is not None:
         return _best_set_with_pass(ok, configs, per_run, alpha, pass_units)
-    vals = {g: _values(configs, per_run, g, "T", _by_block(ok, configs, per_run)) for g in ok}
+    by_block = _by_block(ok, configs, per_run)
+    vals = {g: _values(configs, per_run, g, "T", by_block) for g in ok}
+    if by_block and block_offsets:   # log T per warm-start from its own pass, as the verdicts
+        both = {"N": {g: _values(configs, per_run, g, "N", True) for g in ok}, "q": {}, "T": {}}
+        if _with_block_passes(both, block_offsets, ref):
+            vals = both["T"]
     var = pooled_variance(vals)
     key = lambda g: (configs[g]["T"], g)
     if var["df"] <= 0:   # no seeds to pool: the bootstrap replicates, as before
@@ -463,7 +505,7 @@ def _best_set_with_pass(ok: list[str], configs: dict, per_run: dict, alpha: floa
     return sorted(keep, key=lambda g: (est0[g], g))
 
 
-DESIGN_TARGET_R_N = 1.3   # issue 27 item 6: the smallest r_N a design should detect
+DESIGN_TARGET_R_N = 1.3   # the smallest r_N a design should detect
 MAX_SEEDS = 64
 SMALL_FAMILY = 4          # the reference and three other configs (Holm over 3 tests)
 
@@ -517,6 +559,8 @@ def design_power(fam: dict, m: int, level: float, k: int | None = None,
     f = math.sqrt(2.0 / k)
     out = {"seeds": k, "df": fam["df"], "tests": m, "alpha": alpha, "power": POWER,
            "sigma_log_N": fam["sigma_log_N"], "sigma_log_T": fam["sigma_log_T"]}
+    if fam.get("units"):     # k counts warm-starts, the test's units
+        out["units"] = fam["units"]
     tests = {"r_N": (fam["sigma_log_N"] * f, fam["df"]),
              "T_over_T0": (fam["sigma_log_T"] * f, fam["df"])}
     if fam.get("pass_se") is not None:

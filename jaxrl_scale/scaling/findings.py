@@ -1,4 +1,5 @@
-"""The source's findings, decided as data (docs/API.md "findings"; SCIENCE.md).
+"""The source's findings, decided as data (docs/api.md, Finding; docs/science.md, Time to
+target).
 
 Each finding is a `Finding` value: its id, status ("reproduced" / "not reproduced" /
 "undetermined"), the claim, the test used, a one-line detail with the numbers, and the numbers

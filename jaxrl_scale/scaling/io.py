@@ -42,7 +42,7 @@ class Run:
     optimizer updates per rollout batch (the sweep's ``_u<u>`` tag; the sample axis stays
     responses generated, whatever u); ``update_epochs`` E: passes over those u minibatches
     (config.json only; E != 1 runs are grouped apart, ``_e<E>``). A refilled run (``refill``,
-    DAPO dynamic sampling) is read on the axis of responses generated (`on_generated_axis`).
+    DAPO dynamic sampling) stays on the axis of retained responses.
     """
     name: str
     train: list[dict]
@@ -61,7 +61,9 @@ class Run:
     group: str = ""
     warnings: list[str] = dataclasses.field(default_factory=list)
     score_is_accuracy: bool = False   # a jaxrl metrics.jsonl: the score is a fraction in [0, 1]
-    sample_axis: str = "retained"     # what ``responses`` counts: "generated" when refilled
+    # DAPO dynamic sampling (config refill): ``responses`` still counts retained responses,
+    # the source's N; the refill rounds' generation time is in time_s, so in q.
+    refill: bool = False
     # The warm-start the run started from (config.json init_checkpoint or hf_checkpoint):
     # runs from different warm-starts are different blocks of the family-wise test.
     block: str | None = None
@@ -268,11 +270,7 @@ def make_run(name: str, records: Iterable[dict], config: dict | None = None,
     (`check_records`; ``source`` names the file in the message, else ``path`` or ``name``)."""
     config = dict(config or {})
     records = [r for r in records if isinstance(r, dict)]
-    axis_note = []
-    if refilled(config):
-        records = on_generated_axis(records, source or path or name)
-        axis_note = [SAMPLE_AXIS_NOTE]
-    warnings: list[str] = check_records(records, source or path or name) + axis_note
+    warnings: list[str] = check_records(records, source or path or name)
     train = [r for r in records if "score" not in r and is_number(r.get("responses"))
                 and is_number(r.get("time_s"))]
     if not train:
@@ -299,7 +297,7 @@ def make_run(name: str, records: Iterable[dict], config: dict | None = None,
     evals.sort(key=lambda r: r["responses"])
 
     run = Run(name=name, train=train, evals=evals, config=config, path=path, warnings=warnings,
-              sample_axis="generated" if axis_note else "retained",
+              refill=refilled(config),
               block=config_get(config, "init_checkpoint", "hf_checkpoint") or None)
     b = batch_from_config(config)
     if b is not None:
@@ -332,45 +330,9 @@ def make_run(name: str, records: Iterable[dict], config: dict | None = None,
     return run
 
 
-SAMPLE_AXIS_NOTE = ("N counts responses generated (dynamic sampling, --refill: the refill "
-                    "rounds are what the kept batch costs)")
-
-
 def refilled(config: dict) -> bool:
     """A run with DAPO dynamic sampling (config.json ``refill``; rl/refill.py)."""
     return config_get(config, "refill") is True
-
-
-def on_generated_axis(records: list[dict], where: str) -> list[dict]:
-    """The records with ``responses`` = responses generated (the retained count kept as
-    ``responses_retained``): a refilled run's sample axis. Training records must carry
-    ``responses_generated``; an eval record without it takes its step's training record's
-    (step 0: 0)."""
-    at_step = {0: 0}
-    for r in records:
-        if "score" in r or not is_number(r.get("responses")):
-            continue
-        if not is_number(r.get("responses_generated")):
-            raise DataError("responses_generated", where, r.get("step", "?"),
-                            "a refilled run (config refill: true) must count the responses "
-                            "it generated on every training record",
-                            "log responses_generated, or drop refill from config.json to "
-                            "analyse retained responses")
-        at_step[r.get("step")] = r["responses_generated"]
-    out = []
-    for r in records:
-        gen = r.get("responses_generated")
-        if not is_number(gen):
-            gen = at_step.get(r.get("step"))
-        if not is_number(gen) and "score" in r:
-            raise DataError("responses_generated", where, r.get("step", "?"),
-                            "an eval record of a refilled run has no responses_generated and "
-                            "no training record at its step to take it from",
-                            "log responses_generated on eval records too")
-        if is_number(gen) and is_number(r.get("responses")):
-            r = {**r, "responses": gen, "responses_retained": r["responses"]}
-        out.append(r)
-    return out
 
 
 def updates_per_rollout(config: dict, name: str) -> int:

@@ -1,5 +1,5 @@
-"""A tuned learning rate that brackets its optimum (issue 27, item 1) and tells its choice
-from noise (issue 38, item 3). Pure functions.
+"""A tuned learning rate that brackets its optimum and tells its choice from noise (several
+seeds per lr). Pure functions.
 
 The tuning stage scores a log-spaced grid of base lrs at the reference batch; a best value at
 an edge of the grid says only that the optimum lies beyond it. `extension` names the lrs to
@@ -190,7 +190,7 @@ def tune(score: Callable[[float], Any], grid: Sequence[float], factor: float = 2
 
 
 def upgrade(rec: dict | None) -> dict | None:
-    """A record written before issue 38 (no "noise_measured"; one seed per lr) rebuilt from its
+    """An older record (no "noise_measured"; one seed per lr) rebuilt from its
     grid and scores, so every reader sees the same keys."""
     if not rec or "noise_measured" in rec or "grid" not in rec:
         return rec

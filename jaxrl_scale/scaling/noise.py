@@ -1,5 +1,6 @@
 """Gradient noise scale (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training";
-SCIENCE.md section 5) and the grad-norm signature of batch-size invariance (section 2).
+docs/science.md, Gradient noise scale) and the grad-norm signature of batch-size invariance
+(docs/science.md, Batch-size invariance and the lr rules).
 
     E|g_B|^2 = |G|^2 + tr(Sigma) / B,     B_simple = tr(Sigma) / |G|^2
     S = S_min (1 + B_noise / B),  E = E_min (1 + B / B_noise),  B_crit = E_min / S_min
@@ -85,8 +86,8 @@ class NoiseScaleEMA:
 
 
 def _sqnorms(r: dict, who: str):
-    """This record's (micro-batch, full-batch) squared norms under the names of docs/API.md
-    ("Gradient-norm fields"), or (None, None)."""
+    """This record's (micro-batch, full-batch) squared norms under the names of docs/api.md,
+    Gradient-norm fields, or (None, None)."""
     micro, full = r.get(f"{who}_grad_sqnorm_micro"), r.get(f"{who}_grad_sqnorm")
     if isinstance(micro, (list, tuple)) and isinstance(full, (int, float)):
         return micro, full
@@ -95,7 +96,8 @@ def _sqnorms(r: dict, who: str):
 
 def per_update_estimates(records: Sequence[dict], batch: float,
                          micro_batch: float | None = None, who: str = "actor") -> dict:
-    """One unbiased two-batch (|G|^2, tr(Sigma)) pair per logged update (SCIENCE.md section 5).
+    """One unbiased two-batch (|G|^2, tr(Sigma)) pair per logged update (docs/science.md,
+    Gradient noise scale).
 
     Each record with ``{who}_grad_sqnorm_micro`` (list: |g_micro|^2 of each micro-batch's
     gradient) and ``{who}_grad_sqnorm`` (|mean of micro grads|^2) gives B_small =
@@ -272,7 +274,8 @@ def noise_scale_window(est: dict, lo: float, hi: float, **boot) -> dict:
 
 def n_star_window(n_star: float, half_width: float = 0.5) -> tuple[float, float]:
     """Responses [N*(1 - w), N*(1 + w)]: the updates around where the reference reaches the
-    target (SCIENCE.md section 1), where r_N is decided, since B_simple grows as the loss falls."""
+    target (docs/science.md, Time to target), where r_N is decided, since B_simple grows as
+    the loss falls."""
     if not (n_star > 0 and 0 < half_width):
         raise ValueError(f"n_star_window needs N* > 0 and a positive half width, got "
                          f"{n_star}, {half_width}")

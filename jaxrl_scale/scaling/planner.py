@@ -1,17 +1,18 @@
 """Batch-size planner: predict time to target at candidate batches from one probe run at the
-reference batch B0 and a step-time fit, before running the sweep (SCIENCE.md sections 1, 3, 5).
+reference batch B0 and a step-time fit, before running the sweep (docs/science.md, The
+planner).
 
-    r_N(B) = (1 + B/B_crit) / (1 + B0/B_crit),   B_crit ~ B_simple      (McCandlish; section 5)
-    q(B)   = B / (t_gen(k B) / k + t_train(B)),  r_q(B) = q(B) / q(B0)   (sections 1, 3)
+    r_N(B) = (1 + B/B_crit) / (1 + B0/B_crit),   B_crit ~ B_simple      (McCandlish)
+    q(B)   = B / (t_gen(k B) / k + t_train(B)),  r_q(B) = q(B) / q(B0)
     t_gen(B_gen) = d0 + d1 B_gen,  t_train(B) = overhead + gamma B
-    T/T0   = r_N / r_q                                                 (section 1)
+    T/T0   = r_N / r_q
 
 k = gen_batch_ratio (B_gen = k B_train; an update's collection is about 1/k of one generation
 round with k B in flight, as in `step_cost.gen_seconds`). B_simple comes from the gradient-norm
-fields the probe's training records carry (docs/API.md), over the updates around the reference's
-N* (`noise.n_star_window`), with a moving-block bootstrap; the step-time fit comes with a
-bootstrap of its four parameters. Replicate i of each is paired into one joint draw (the two
-sources are independent), so every interval below propagates both.
+fields the probe's training records carry (docs/api.md, Gradient-norm fields), over the updates
+around the reference's N* (`noise.n_star_window`), with a moving-block bootstrap; the step-time
+fit comes with a bootstrap of its four parameters. Replicate i of each is paired into one joint
+draw (the two sources are independent), so every interval below propagates both.
 
 Recommendation: the batch with the smallest predicted T/T0 (point prediction); its range is
 every candidate not shown slower than it: B is in when the lower end of the ci_level interval of
@@ -91,8 +92,9 @@ def like_probe(runs: Sequence[Run], probe: Run) -> tuple[list[Run], str]:
 
 
 def probe_n_star(runs: Sequence[Run], target: float) -> float:
-    """Mean over the probe runs of N* (SCIENCE.md section 1): the first crossing of ``target``
-    by the isotonic (monotone) fit of each run's eval curve, so one lucky eval does not set it."""
+    """Mean over the probe runs of N* (docs/science.md, The planner): the first crossing of
+    ``target`` by the isotonic (monotone) fit of each run's eval curve, so one lucky eval does
+    not set it."""
     vals = []
     for run in runs:
         n, s = run.eval_curve()
@@ -231,7 +233,7 @@ def check_probe(runs: Sequence[Run], who: str = "actor", n_star: float | None = 
         raise PlanError("probe_run", f"no training record of {runs[0].path or runs[0].name} "
                         f"carries {who}_grad_sqnorm_micro (>= 2 micro-batches) and "
                         f"{who}_grad_sqnorm", "train the probe with --micro_batches=2 or more "
-                        "(docs/API.md, Gradient-norm fields)")
+                        "(docs/api.md, Gradient-norm fields)")
     if n_star is not None and target is not None:
         raise PlanError("n_star", "both --n_star and --target given", "pass one of them")
     if target is not None:
@@ -244,7 +246,7 @@ def batch_plan(runs: Sequence[Run], fit: dict, batches: Sequence[float] | None =
          half_width: float = 0.5, gen_batch_ratio: float | None = None, n_boot: int = 1000,
          block: int | None = None, n_windows: int = 8, level: float = stats.CI_LEVEL,
          seed: int = 0) -> dict:
-    """Planner output (docs/API.md "Planner output", plus extra fields) from probe runs at B0
+    """Planner output (docs/api.md, plan.json) from probe runs at B0
     (seeds of one config: their updates are pooled) and a step-time fit (`fit_step_times`'
     output; a fit without "boot" has no throughput uncertainty).
 
@@ -286,7 +288,7 @@ def batch_plan(runs: Sequence[Run], fit: dict, batches: Sequence[float] | None =
         raise PlanError("probe_run", f"no training record of {runs[0].path or runs[0].name} "
                         f"carries {who}_grad_sqnorm_micro (>= 2 micro-batches) and "
                         f"{who}_grad_sqnorm", "train the probe with --micro_batches=2 or more "
-                        "(docs/API.md, Gradient-norm fields)")
+                        "(docs/api.md, Gradient-norm fields)")
 
     by_net, reps = {}, {}
     for net, z in noise.items():
@@ -370,8 +372,8 @@ def critic_schedule(batch: float, critic_batch: float) -> dict:
     """PPO's critic on its own schedule (TrainConfig.critic_minibatches): at the actor's
     recommended B, split each rollout into K = B / B_critic minibatches (K >= 1, rounded
     down to a power of two so it divides power-of-two prompt batches), so every critic update
-    sees about the batch its own noise scale recommends (SCIENCE.md section 5: the two
-    networks' critical batches differ)."""
+    sees about the batch its own noise scale recommends (docs/science.md, Gradient noise
+    scale: the two networks' critical batches differ)."""
     k = max(1, int(batch // max(critic_batch, 1.0)))
     k = 1 << (k.bit_length() - 1)
     return {"at_batch": float(batch), "critic_batch": float(critic_batch),
@@ -389,9 +391,9 @@ def _configs_of(summary) -> dict[str, ConfigStats]:
 def compare(plan: dict, summary, network: str | None = None,
             same_lr_rule: bool = True) -> list[dict]:
     """One row per measured config of the plan's algo (and lr rule; the planner assumes the
-    probe's rule, sqrt re-tuning in SCIENCE.md section 2) and gen_batch_ratio: predicted r_N,
-    r_q, T/T0 with intervals at its batch vs the measured ones of the summary's configs
-    (a `summary.Summary` or summary.json's dict),
+    probe's rule, sqrt re-tuning in docs/science.md, Batch-size invariance and the lr rules)
+    and gen_batch_ratio: predicted r_N, r_q, T/T0 with intervals at its batch vs the measured
+    ones of the summary's configs (a `summary.Summary` or summary.json's dict),
     whether the measured point lies inside the predicted interval (``*_inside``) and whether
     the two intervals overlap (``*_overlap``). ``predicted`` fields are None at a batch the
     plan has no prediction for; ``network`` picks `plan["by_network"]` (default: the plan's).

@@ -2,7 +2,7 @@
 `CriticalGenerationBatch`, `Power` and `Drift`, each built once by the function that measures
 it and read by findings and the report as attributes.
 
-summary.json keeps the names of ../shared/docs/API.md: ``to_json`` writes the keys the
+summary.json keeps the names of docs/api.md, summary.json: ``to_json`` writes the keys the
 measurement has (a key a case does not measure is left out, as before these types), and
 ``from_json`` reads them back; ``to_json(from_json(d)) == d``. Numpy only, no JAX.
 """
@@ -151,6 +151,7 @@ class Power:
     min_detectable_T_over_T0_below: float | None = None
     design_for_target: dict | None = None
     evals_before_N_star: dict | None = None
+    units: str | None = None      # "warm-starts" when they are the test's units (seeds: None)
 
     DESIGN = ("seeds", "df", "tests", "alpha", "power", "sigma_log_N", "sigma_log_T")
 
@@ -160,6 +161,8 @@ class Power:
                     "min_detectable_T_over_T0": self.min_detectable_T_over_T0,
                     "reason": self.reason, "evals_before_N_star": self.evals_before_N_star}
         out = {k: getattr(self, k) for k in self.DESIGN}
+        if self.units is not None:
+            out["units"] = self.units
         if self.pass_se is not None:
             out.update(pass_se=self.pass_se, pass_df=self.pass_df,
                        min_detectable_r_N_learning_only=self.min_detectable_r_N_learning_only)

@@ -115,7 +115,7 @@ def partial_rollout(configs: dict, creps: dict, groups: dict, reps: dict, rng,
 
 
 def familywise_rows(rows: list[dict], t_reps: Sequence[np.ndarray], level: float) -> list[dict]:
-    """Holm over the sweep's partial-rollout comparisons (issue 27 item 4): each T ratio gets
+    """Holm over the sweep's partial-rollout comparisons: each T ratio gets
     a two-sided bootstrap p-value of 1 (`familywise.bootstrap_p`), Holm-adjusted over the
     comparisons, and a Bonferroni-simultaneous interval; "verdict" is faster / slower only
     where the adjusted p is below 1 - level, so a sweep whose partial rollout changes nothing

@@ -1,13 +1,14 @@
-"""Roofline step times for hardware that is not present (SCIENCE.md section 3, jax-ml
-scaling book): every kernel takes at least max(FLOPs / peak FLOP/s, bytes / HBM bandwidth).
+"""Roofline step times for hardware that is not present (docs/science.md, Step-cost model;
+the jax-ml scaling book): every kernel takes at least max(FLOPs / peak FLOP/s, bytes / HBM
+bandwidth).
 
 What it is for: a planner that must rank batches on a chip the user does not have yet needs
 t_gen(B_gen) and t_train(B) there; the roofline gives their lower bounds from the model shape
 and the chip's datasheet peaks (bench.CHIPS). Decode at small batch re-reads all weights for
 few tokens (memory-bound, d0 ~ W_bytes / HBM_bw); past the ridge batch ~ peak / bw the
-matmuls saturate compute and time grows ~ linearly in B (section 3). A roofline is a lower
-bound: real kernels reach a fraction of both peaks (`flops_efficiency`, `bandwidth_efficiency`
-scale them; results/roofline_validation/ measures them on this CPU).
+matmuls saturate compute and time grows ~ linearly in B. A roofline is a lower bound: real
+kernels reach a fraction of both peaks (`flops_efficiency`, `bandwidth_efficiency` scale them;
+results/roofline_validation/ measures them on this CPU).
 
 Accounting (bench.py's FLOP and byte counts, the ones decode_bench reports fractions of):
 - decode step at context c (keys attended per row): FLOPs = B (2 P_matmul + 4 L N H c),
@@ -219,9 +220,10 @@ def compare_decode_bench(record: dict, prompt_len: int | None = None,
 def roofline_fit(model_cfg: ModelConfig, chip: str | dict, batches: Sequence[int],
                  prompt_len: int, response_lens, dtype: str = "bfloat16", count: int = 1,
                  **kw) -> dict:
-    """The section-3 cost model fitted to roofline predictions at `batches`, in the shape of
-    `step_cost.fit_step_times` (no bootstrap: "boot" is empty, so predict_r_q gives NaN
-    intervals), so a planner can rank batches on a chip that is not present.
+    """The step-cost model (docs/science.md, Step-cost model) fitted to roofline predictions
+    at `batches`, in the shape of `step_cost.fit_step_times` (no bootstrap: "boot" is empty,
+    so predict_r_q gives NaN intervals), so a planner can rank batches on a chip that is not
+    present.
 
     t_gen(B) = rollout_s (prefill + decode of B sequences), t_train(B) = update_s. The roofline
     is piecewise linear (memory-bound, then compute-bound), so the straight line is exact only

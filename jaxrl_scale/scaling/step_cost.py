@@ -1,5 +1,5 @@
-"""The one step-time model (SCIENCE.md sections 1, 3, 4): fit, predicted step seconds, r_q
-and the r_q cap, used by the analysis, the planner and the report.
+"""The one step-time model (docs/science.md, Step-cost model): fit, predicted step seconds,
+r_q and the r_q cap, used by the analysis, the planner and the report.
 
     t_gen(B_gen)  = d0 + d1 * B_gen            (one decode round with B_gen sequences)
     t_train(B)    = overhead + gamma * B       (batch packing + update of B responses)
@@ -57,7 +57,8 @@ def _lines_BN(x_BN: np.ndarray, y_BN: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 def fit_step_times(timings: Sequence[dict], n_boot: int = 1000, seed: int = 0) -> dict:
-    """Fit the section-3 cost model to a timing pass, with bootstrap intervals.
+    """Fit the step-cost model (docs/science.md, Step-cost model) to a timing pass, with
+    bootstrap intervals.
 
         t_gen(B_gen) = d0 + d1 * B_gen        (the time to generate B_gen sequences at once)
         t_train(B)   = overhead + gamma * B   (batch packing + update of B responses)
@@ -116,7 +117,7 @@ def fit_step_times(timings: Sequence[dict], n_boot: int = 1000, seed: int = 0) -
 
 def predict_r_q(fit: dict, batches: Sequence[float], batch0: float,
                 gen_batch_ratio: int = 1, gen_batch_ratio0: int | None = None) -> dict:
-    """Predicted throughput ratio r_q(B) = q(B) / q(B0) (SCIENCE.md section 1) from a
+    """Predicted throughput ratio r_q(B) = q(B) / q(B0) (docs/science.md, Time to target) from a
     `fit_step_times` fit, q(B) = B / t_step(B) retained responses per second, t_step as in
     `step_seconds` at rollout ratio k = gen_batch_ratio (the reference runs at
     gen_batch_ratio0, default the same k).
@@ -215,8 +216,8 @@ def step_seconds(theta, batches, gen_batch_ratio: float = 1) -> np.ndarray:
 
     With k B sequences in flight and one update per B finished responses, a sequence spends
     on average k updates in flight, so in steady state one update's share of the decoding is
-    t_gen(k B) / k = d0 / k + d1 B: the fixed per-step cost (weights re-read, SCIENCE.md
-    section 3) is spread over k updates while the per-row cost is not. Rollout and update run
+    t_gen(k B) / k = d0 / k + d1 B: the fixed per-step cost (weights re-read; docs/science.md,
+    Step-cost model) is spread over k updates while the per-row cost is not. Rollout and update run
     one after the other here (train.py: the engine pauses during the update), so the two add.
     """
     p = np.asarray(theta, float)
@@ -229,7 +230,7 @@ def step_seconds(theta, batches, gen_batch_ratio: float = 1) -> np.ndarray:
 
 def r_q(theta, batches, batch0: float, gen_batch_ratio: float = 1,
         gen_batch_ratio0: float | None = None) -> np.ndarray:
-    """r_q(B) = q(B) / q(B0) with q(B) = B / step_seconds(B) (SCIENCE.md sections 1, 3):
+    """r_q(B) = q(B) / q(B0) with q(B) = B / step_seconds(B) (docs/science.md, Step-cost model):
     [..., C] for theta [..., 4] (the reference at gen_batch_ratio0, default the same k)."""
     k0 = gen_batch_ratio if gen_batch_ratio0 is None else gen_batch_ratio0
     b = np.asarray(batches, float)
@@ -325,7 +326,7 @@ def fit_runs(runs: Sequence[Run], costs: dict, n_boot: int, rng, level: float,
 
 
 def regime(ref_runs: Sequence[Run], costs: dict, fit: dict) -> dict:
-    """Where a step's time goes at the reference batch (issue 27 item 3), stated before any
+    """Where a step's time goes at the reference batch, stated before any
     verdict: a larger generation batch buys throughput only where generation is a large part
     of a step, as in real LLM RL.
 

@@ -2,8 +2,8 @@
 
 `Summary` (per run `RunStats`, per config `ConfigStats`, per algorithm `AlgoSummary`, the
 source's findings as `findings.Finding`) with ``to_json`` / ``from_json``. Field names are
-those of docs/API.md ("Uncertainty fields", "findings"); each quantity is one field. The
-primary algorithm's numbers are written at the top level too (docs/API.md's contract:
+those of docs/api.md, summary.json (one table per class); each quantity is one field. The
+primary algorithm's numbers are written at the top level too (docs/api.md, Summary:
 "target", "eval_se", "reference_config", "best_set", ... and the short keys "reference" and
 "best" of the analyze command), all derived from ``algos[primary_algo]`` by ``to_json``.
 
@@ -30,8 +30,9 @@ _RENAMED = {"clip_fraction": "clipped_update_fraction"}   # recorded name -> fie
 # Recorded fields no longer produced, skipped when an old summary is read: rerun_agreement
 # was the power at the estimate ("observed power"), a function of the p-value that no
 # function of the estimate can make agree with a rerun at every truth
-# (results/calibration/rerun_agreement.py).
-_DROPPED = {"rerun_agreement"}
+# (calibration.rerun_agreement_gap); sample_axis "generated" put refilled runs on the axis
+# of responses generated, where N now counts retained responses for every run.
+_DROPPED = {"rerun_agreement", "sample_axis"}
 
 
 def _from(cls, d: dict, where: str):
@@ -178,9 +179,9 @@ class ConfigStats:
     alike_r_N: bool | None = _opt()
     r_q_in_run_test: dict | None = _opt()      # {log_ratio, se, df}: the seed-paired t test
     T_over_T0_test: dict | None = _opt()       # {log_ratio, se, df} of the verdict's test
-    # "generated": N* and q count responses generated (dynamic sampling, io.on_generated_axis);
-    # absent: retained responses (SCIENCE.md section 1)
-    sample_axis: str | None = _opt()
+    # True: DAPO dynamic sampling; N* still counts retained responses, the refill rounds'
+    # time is in q, and r_q is the runs' own (the timing pass times one round per update)
+    refill: bool | None = _opt()
 
     @functools.cached_property
     def _flat(self) -> dict:
@@ -270,7 +271,8 @@ def _json_of(x):
     return x.to_json() if hasattr(x, "to_json") else x
 
 
-# Top-level keys written from algos[primary_algo] (docs/API.md), and the short aliases.
+# Top-level keys written from algos[primary_algo] (docs/api.md, Summary), and the short
+# aliases.
 PRIMARY_KEYS = ("target", "target_rule", "eval_se", "eval_se_source", "curve_jitter_se",
                 "signal_to_noise", "start_score", "reference_config", "reference_runs",
                 "reference_reached", "best_set", "critical_training_batch",

@@ -1,4 +1,4 @@
-"""Throughput model on fixed hardware (SCIENCE.md sections 3-4).
+"""Throughput model on fixed hardware (docs/science.md, Step-cost model and Critical batches).
 
     t_gen(B_gen) ~ d0 + d1 * B_gen      (decode re-reads the weights: d0 ~ W_bytes / HBM_bw)
     t_train(B_train) ~ gamma * B_train

@@ -1,4 +1,5 @@
-"""Time-to-target primitives (SCIENCE.md section 1) and the ScaleRL sigmoid fit (section 7).
+"""Time-to-target primitives (docs/science.md, Time to target) and the ScaleRL sigmoid fit
+(docs/science.md, Learning-curve fit).
 
     dJ/dt = dJ/dN * dN/dt;  T = N* / q;  T/T0 = r_N / r_q,  r_N = N*/N0*,  r_q = q/q0.
 

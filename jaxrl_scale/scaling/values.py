@@ -5,7 +5,7 @@ source. `ConfigRatios`: every estimate of one config's three ratios, each from t
 made it (the seed bootstrap, the family-wise t tests, the interleaved timing pass); which one
 the report prints is a rule here (`headline`), not an overwrite. `FamilyTest`: one config's
 family-wise verdict (`scaling.familywise`). summary.json keeps the flat names of
-../shared/docs/API.md: `ConfigRatios.flat` writes them, `ConfigRatios.from_flat` reads them.
+docs/api.md, ConfigStats: `ConfigRatios.flat` writes them, `ConfigRatios.from_flat` reads them.
 Numpy only, no JAX.
 """
 
@@ -65,9 +65,9 @@ class ConfigRatios:
         return self.in_run(name)
 
     def flat(self) -> dict[str, Any]:
-        """summary.json's per-config ratio keys (docs/API.md): r_N, r_N_ci, ... always; the
-        *_ci_boot, *_sci, *_geo, *_ratio_of_means of tested ratios, and r_q_in_run(_ci),
-        T_over_T0_in_run where the timing pass supplied r_q."""
+        """summary.json's per-config ratio keys (docs/api.md, ConfigStats): r_N, r_N_ci, ...
+        always; the *_ci_boot, *_sci, *_geo, *_ratio_of_means of tested ratios, and
+        r_q_in_run(_ci), T_over_T0_in_run where the timing pass supplied r_q."""
         out: dict[str, Any] = {}
         for name in NAMES:
             h = self.headline(name)
@@ -137,7 +137,7 @@ class FamilyTest:
     ratios: dict = dataclasses.field(default_factory=dict)
 
     def fields(self) -> dict:
-        """The config's summary.json verdict keys (docs/API.md)."""
+        """The config's summary.json verdict keys (docs/api.md, FamilyTest)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if f.name != "ratios"}
 

@@ -1,5 +1,6 @@
-"""An interval of bootstrap replicates and the verdict it gives (SCIENCE.md section 1): the one
-place both are defined for the analysis, the step-cost fits and the rollout comparison."""
+"""An interval of bootstrap replicates and the verdict it gives (docs/science.md, Intervals):
+the one place both are defined for the analysis, the step-cost fits and the rollout
+comparison."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Measured rates of the analysis on simulated sweeps (issue 27 item 8); writes rates.json.
+"""Measured rates of the analysis on simulated sweeps; writes rates.json.
 
     PYTHONPATH=. python results/calibration/run.py [--fast_sweeps=2000] [--full_sweeps=200]
 

@@ -1,4 +1,4 @@
-"""Issue 38 item 2: the default design calibrated with exactly the test the report uses: r_q
+"""The default design calibrated with exactly the test the report uses: r_q
 and T/T0 from a simulated timing pass (blocks with the noise of the recorded passes,
 calibration.PASS_NOISE; the stopping rule of experiment.timing.time_blocks) through
 `analysis.analyze_runs` (the full path), 400 sweeps per arm; then the vectorised fast path

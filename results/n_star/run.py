@@ -1,4 +1,4 @@
-"""N* estimator and eval cadence on curves of known shape (issue 27 item 2); writes rates.json.
+"""N* estimator and eval cadence on curves of known shape; writes rates.json.
 
     PYTHONPATH=. python results/n_star/run.py [--sweeps=400]
 

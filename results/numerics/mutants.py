@@ -1,4 +1,4 @@
-"""Deliberate small bugs against the tolerance-checked tests (issue 31, item 1).
+"""Deliberate small bugs against the tolerance-checked tests.
 
 Each mutant patches one line of the library in a throwaway git worktree of HEAD, runs the
 tests that check that computation, and records whether they fail (they must). Run from the

@@ -1,16 +1,19 @@
 """Where should the auto target sit? Re-analyse one recorded default study (the runs are fixed;
 only the target moves) at several fractions of the way from the start to what every reference
-seed reached, and print what decides the choice (evals before N*, issue 27 item 2) beside what
+seed reached, and print what decides the choice (evals before N*) beside what
 it does to the design's power and to the verdicts.
 
     PYTHONPATH=. python results/target_fraction/measure.py [SWEEP_LOGS] > results/target_fraction/measure.txt
+
+SWEEP_LOGS defaults to the record kept in the repository, results/sweep_default/logs; measure.txt
+was made on results/sweep_default_2dfdd87/logs, which is no longer kept (in git at 74eee37).
 """
 import sys
 import warnings
 
 from jaxrl_scale.scaling.analysis import analyze_sweep
 
-LOGS = sys.argv[1] if len(sys.argv) > 1 else "results/sweep_default_2dfdd87/logs"
+LOGS = sys.argv[1] if len(sys.argv) > 1 else "results/sweep_default/logs"
 warnings.filterwarnings("ignore")
 
 

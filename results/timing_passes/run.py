@@ -1,4 +1,4 @@
-"""Issue 38 item 1: do timing passes of one study agree within their intervals?
+"""Do timing passes of one study agree within their intervals?
 
     PYTHONPATH=. python results/timing_passes/run.py SWEEP_DIR OUT_DIR [EXTRA_PASSES]
 

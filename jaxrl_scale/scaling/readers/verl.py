@@ -20,9 +20,9 @@ installed, else JSON); the overrides fill what it lacks. Wall time = cumulative
 ``timing_s/step`` minus ``timing_s/testing`` (without timing_s/step: the differences of
 ``elapsed_seconds``); generation and update time per step from ``timing_s/gen`` and
 ``timing_s/update_actor``. With DAPO dynamic sampling (``algorithm.filter_groups.enable``)
-N counts responses generated: ``train/num_gen_batches`` x ``data.gen_batch_size`` x
-``rollout.n`` per step (verl's ``recipe/dapo`` trainer logs the count; the kept batch is
-``data.train_batch_size`` x ``rollout.n``).
+N still counts retained responses (``data.train_batch_size`` x ``rollout.n`` per step, the
+source's axis); the extra generation batches are charged to throughput, their time being in
+``timing_s/step``.
 The eval score is the first ``val-core/.../mean@N`` key (sorted), or the chosen key. verl does
 not log the number of eval samples: eval noise is estimated from the curve. The run's task is
 its config's ``data.train_files`` and ``data.val_files`` (a sweep mixing tasks is refused).
@@ -35,7 +35,6 @@ import json
 import os
 import re
 
-import numpy as np
 
 from jaxrl_scale.numbers import is_number
 from jaxrl_scale.scaling import io as sio
@@ -46,7 +45,6 @@ from jaxrl_scale.scaling.readers.tensorboard import cut_noted, event_files, read
 
 CONFIG_FILES = (os.path.join(".hydra", "config.yaml"), "config.yaml")
 _VAL_RE = re.compile(r"^val-core/.+/mean@\d+$")
-GEN_BATCHES = "train/num_gen_batches"   # DAPO trainer: generation batches of this step
 ELAPSED = "elapsed_seconds"   # the line's own key (not a metric), kept beside the step's data
 
 
@@ -216,40 +214,14 @@ def _from_records(name: str, run_dir: str, path: str, records: list[dict],
     algo = overrides.get("algo") or ({"gae": "ppo"}.get(algo, algo) if isinstance(algo, str)
                                      else "grpo")
     warnings.append(f"eval score from {key}; eval sample count not logged")
-    cum_SR = generated_responses(records, config, batch, warnings, path)
+    refill = nested_get(config, "algorithm.filter_groups.enable") is True
+    if refill:
+        warnings.append("dynamic sampling (filter_groups): N counts retained responses; the "
+                        "extra generation batches are in timing_s/step, so in q")
     run = build_run(name, run_dir, "verl", batch, train, evals, algo=algo,
-                    warnings=warnings, source=path, cum_SR=cum_SR)
-    if cum_SR is not None:
-        run.sample_axis = "generated"
+                    warnings=warnings, source=path)
+    run.refill = refill
     return run
-
-
-def generated_responses(records: list[dict], config: dict, batch: float, warnings: list[str],
-                        path: str) -> tuple[list, list] | None:
-    """DAPO dynamic sampling (``algorithm.filter_groups.enable``): (steps, cumulative responses
-    generated), each step ``train/num_gen_batches`` x ``data.gen_batch_size`` (default
-    ``data.train_batch_size``) x ``actor_rollout_ref.rollout.n``; None without it (the axis
-    stays retained responses, step x batch). A step without the count counts one batch."""
-    if nested_get(config, "algorithm.filter_groups.enable") is not True:
-        return None
-    rounds = {r["step"]: r[GEN_BATCHES] for r in records
-              if r["step"] > 0 and is_number(r.get(GEN_BATCHES))}
-    if not rounds:
-        warnings.append(f"{path}: filter_groups is enabled but no {GEN_BATCHES} is logged: "
-                        "N counts retained responses, not the refill rounds")
-        return None
-    tbs = positive(nested_get(config, "data.train_batch_size"))
-    gbs = positive(nested_get(config, "data.gen_batch_size")) or tbs
-    per_round = batch * gbs / tbs if tbs else batch
-    steps = sorted({r["step"] for r in records if r["step"] > 0} | set(rounds))
-    missing = [s for s in steps if s not in rounds]
-    if missing:
-        warnings.append(f"{path}: {GEN_BATCHES} missing at {len(missing)} step(s); each "
-                        "counted as one generation batch")
-    cum = np.cumsum([rounds.get(s, 1) * per_round for s in steps])
-    warnings.append(f"N counts responses generated ({GEN_BATCHES} x data.gen_batch_size x "
-                    "rollout.n: verl dynamic sampling)")
-    return steps, list(cum)
 
 
 def _elapsed_times(records: list[dict]) -> list[dict]:
