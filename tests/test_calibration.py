@@ -236,3 +236,28 @@ def test_analysis_takes_warm_starts_as_blocks():
                                          np.random.default_rng(5)), "auto", n_boot=50)
     assert "units" not in one["familywise"]["families"]["grpo"]           # seeds as units
     assert all("block" not in r for r in one["runs"].values())
+
+
+# A timing pass in another machine state than the learning: log r_q moves by N(0, 0.045) per
+# config for the whole pass (the rms quiet-vs-loaded difference of the recorded passes).
+STATE = 0.045
+
+
+def test_one_pass_in_another_machine_state_inflates_the_error():
+    """The default design's single pass: its machine state is a fixed effect of the study,
+    and a null sweep names a faster or slower config well above alpha (0.23 at 400 sweeps)."""
+    r = cal.fast_rates(dataclasses.replace(cal.DEFAULT, state_sd=STATE), N, seed=31)
+    assert r["any_wrong"]["rate"] > 0.15, r["any_wrong"]
+
+
+def test_a_pass_per_warm_start_holds_the_error_rate_under_state_shifts():
+    """12 warm-starts x 1 seed, each warm-start timed by its own pass in its own machine
+    state (`sweep.run_sweep` runs the pass after that warm-start's runs), with the
+    interaction tau: the state and the interaction vary with the units, the null
+    family-wise error stays at alpha, intervals cover, r_N = 1.3 is found."""
+    design = dataclasses.replace(cal.DEFAULT, tau=TAU, state_sd=STATE, warm_starts=12, seeds=1)
+    r = cal.fast_rates(design, N, seed=31)
+    assert r["any_wrong"]["rate"] <= 0.10 + _mc(r["any_wrong"]), r["any_wrong"]
+    assert r["coverage_T"]["rate"] >= 0.88 - _mc(r["coverage_T"]), r["coverage_T"]
+    p = cal.fast_rates(design, N, seed=32, r_N={BIG: 1.3})
+    assert p["slower"][BIG]["rate"] >= 0.70 - _mc(p["slower"][BIG]), p["slower"][BIG]

@@ -179,17 +179,23 @@ def _simulate(truth, grid, reps, rng, sd=0.0024, seed_sd=0.003, seeds=(0, 1, 2),
 
 
 def test_flat_curve_is_called_bracketed_at_most_at_the_nominal_rate():
-    """A flat true curve over a 3-lr grid, 3 seeds per lr. Bound: "bracketed" needs the middle
-    lr to be the best mean with the 90% interval of middle - lowest above 0; under a flat truth
-    (middle - lowest) / SE is Student's t with (3 - 1)(3 - 1) = 4 df (the paired contrast is
-    independent of the pooled residual variance), so that one-sided event, and with it
-    "bracketed", has probability <= 0.05. Asserted with 3 Monte-Carlo SEs of 400 repeats."""
+    """A flat true curve over a 3-lr grid, 3 seeds per lr. "Bracketed" needs the middle lr to
+    be the best mean with the 90% interval of middle - lowest above 0 (one-sided, 5%); the
+    variance is each lr's own (log-linear in log lr, (3 - 1)(3 - 1) - 2 = 2 df), so the
+    bound is checked by simulation: <= 0.05 with 3 Monte-Carlo SEs of 400 repeats, here and
+    when the scatter grows 5x over the grid."""
     import numpy as np
     reps = 400
     runs = _simulate(lambda lr: 0.275, (1e-4, 2e-4, 4e-4), reps, np.random.default_rng(0))
-    assert all(t["noise_measured"] and t["paired"] and t["df"] == 4 for t in runs)
+    assert all(t["noise_measured"] and t["paired"] and t["df"] == 2 and
+               t["variance_model"] == lb.VARIANCE_MODEL for t in runs)
     rate = np.mean([t["bracketed"] for t in runs])
-    assert rate <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / reps)        # measured: 0.0025
+    assert rate <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / reps)        # measured: 0.0
+    rng = np.random.default_rng(5)
+    hetero = [lb.tune(lambda lr: {k: 0.275 + rng.normal(0, 0.0005 * (lr / 1e-4) ** 1.2)
+                                  for k in (0, 1, 2)}, (1e-4, 2e-4, 4e-4, 8e-4),
+                      max_extensions=0) for _ in range(reps)]
+    assert np.mean([t["bracketed"] for t in hetero]) <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / reps)
     # what is claimed instead: a flat set that reaches an edge (so the sweep extends the grid)
     assert np.mean([t["flat"][0] == 1e-4 or t["flat"][1] == 4e-4 for t in runs]) > 0.95
     # The sweep extends a flat set that reaches an edge (up to 9 lrs after 3 extensions); the
@@ -202,13 +208,15 @@ def test_flat_curve_is_called_bracketed_at_most_at_the_nominal_rate():
 
 def test_sharp_peak_is_bracketed_and_chosen():
     """A peak 0.01 (about 4 noise SDs) above its neighbours, inside a 5-lr grid: bracketed with
-    the true peak chosen in >= 95% of 400 repeats (measured: 99.75%)."""
+    the true peak chosen in >= 90% of 400 repeats (measured: 94.5% with each lr's own
+    variance; 99.75% with one variance pooled over the lrs, which is right only when they
+    scatter alike)."""
     import numpy as np
     peak = 1e-4
     runs = _simulate(lambda lr: 0.28 - 0.01 * math.log2(lr / peak) ** 2,
                      (2.5e-5, 5e-5, 1e-4, 2e-4, 4e-4), 400, np.random.default_rng(1),
                      max_extensions=3)
-    assert np.mean([t["bracketed"] and t["chosen"] == peak for t in runs]) >= 0.95
+    assert np.mean([t["bracketed"] and t["chosen"] == peak for t in runs]) >= 0.90
 
 
 def test_one_seed_keeps_todays_record():
@@ -250,13 +258,14 @@ def _hand_made():
 def test_rule_picks_the_middle_of_the_flat_set():
     """Flat set 5e-5..4e-4 (4 lrs): the geometric mean of its ends, 1.41e-4, is equally far in
     log lr from 1e-4 and 2e-4; the rule takes the smaller, 1e-4, not the best mean 4e-4. The
-    intervals are the paired t intervals (two-way residual variance, 10 df), simultaneous over
-    the 5 lrs compared with the best (Bonferroni), checked against numpy and scipy."""
+    intervals are paired t intervals with each lr's own variance (log-linear in log lr,
+    (6 - 1)(3 - 1) - 2 = 8 df), simultaneous over the 5 lrs compared with the best
+    (Bonferroni), checked against scipy."""
     import numpy as np
     from scipy import stats
     scores = _hand_made()
     t = lb.lr_tuning(scores, 0)
-    assert t["noise_measured"] and t["paired"] and t["df"] == (6 - 1) * (3 - 1)
+    assert t["noise_measured"] and t["paired"] and t["df"] == (6 - 1) * (3 - 1) - 2
     assert t["best_mean_lr"] == 4e-4 and t["flat"] == [5e-5, 4e-4] and t["chosen"] == 1e-4
     assert t["bracketed"] and t["bracket"] == [2.5e-5, 8e-4]
     assert t["rule"] == lb.RULE and t["seeds"] == [0, 1, 2] and t["means"] == t["scores"]
@@ -268,7 +277,8 @@ def test_rule_picks_the_middle_of_the_flat_set():
     for d in t["diff_from_best"]:
         i = t["grid"].index(d["lr"])
         est = np.mean(y[best] - y[i])
-        half = stats.t.ppf(1 - 0.05 / 5, 10) * sigma * math.sqrt(2 / 3)   # 5 comparisons
+        sd = t["sigma_per_lr"]
+        half = stats.t.ppf(1 - 0.05 / 5, 8) * math.sqrt((sd[best] ** 2 + sd[i] ** 2) / 3)
         assert d["diff"] == pytest.approx(est)
         assert d["ci"] == pytest.approx([est - half, est + half], rel=1e-6)
         assert d["worse"] == (d["lr"] in (2.5e-5, 8e-4))
@@ -286,7 +296,7 @@ def test_rule_picks_the_middle_of_the_flat_set():
     failed = {**scores, 8e-4: {0: 0.3, 1: None, 2: 0.3}}
     t = lb.lr_tuning(failed)
     assert t["bracket"] == [2.5e-5, 8e-4] and t["scores"][-1] is None
-    assert t["diff_from_best"][-1]["failed"] and t["df"] == (5 - 1) * (3 - 1)
+    assert t["diff_from_best"][-1]["failed"] and t["df"] == (5 - 1) * (3 - 1) - 2
 
 
 def test_report_states_choice_rule_and_intervals():
@@ -392,3 +402,18 @@ def test_old_lr_tune_files_still_read(tmp_path):
     assert ex["per_batch"]["grpo"][64]["noise_measured"] is False
     assert {k: ex["per_batch"]["grpo"][64][k] for k in old} == old
     assert ex["cost"] == {"grpo": {64: {"runs": 3}}}
+
+
+@pytest.mark.parametrize("study", ["sweep_default", "sweep_replicate"])
+def test_recorded_tuning_runs_pick_the_bracketed_optimum(study):
+    """The two recorded default studies' tuning runs (6 lrs x 3 seeds, each lr's scatter
+    0.0002..0.019): with each lr's own variance, 5e-5 is chosen and bracketed in both (one
+    pooled variance called 1.25e-5..1e-4 flat and chose 2.5e-5)."""
+    import json
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "results", study, "logs", "lr_tune.json")) as f:
+        rec = json.load(f)["tuned"]["grpo"]["lr_tuning"]
+    t = lb.lr_tuning(dict(zip(rec["grid"], rec["per_seed"])))
+    assert t["chosen"] == 5e-5 and t["bracketed"] and t["bracket"] == [2.5e-5, 2e-4]
+    assert rec["chosen"] == 2.5e-5 and rec["flat"] == [1.25e-5, 1e-4]    # as recorded

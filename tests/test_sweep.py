@@ -269,7 +269,8 @@ def test_sweep_from_warm_start_blocks(tmp_path):
                         base_prompts=0, lr_rules=("sqrt",), fixed_prompts=(), pairs=(),
                         seeds=(0, 1), max_responses=32, eval_every_responses=16,
                         tune_lrs=(1e-3,), tune_seeds=(0, 1), tune_responses=16, target=0.05,
-                        compile_cache=False, tune_max_extensions=0,
+                        compile_cache=False, tune_max_extensions=0, timing_steps=1,
+                        timing_blocks=2, timing_max_blocks=2,
                         warm_start_checkpoints=tuple(paths))
     runs = plan(sweep, base)
     got = {(os.path.basename(r.run_dir), r.init_checkpoint) for r in runs}
@@ -279,8 +280,13 @@ def test_sweep_from_warm_start_blocks(tmp_path):
     assert {(r.seed, r.init_checkpoint) for r in tune} == {
         (study_mod.TUNE_SEED_OFFSET, paths[0]), (study_mod.TUNE_SEED_OFFSET + 1, paths[1])}
     run_sweep(sweep, base, progress=False, analyse=False)
+    with open(os.path.join(sweep.sweep_dir, "timing.json")) as f:
+        timing = json.load(f)
+    assert set(timing["warm_starts"]) == set(paths)        # one pass after each warm-start
+    assert {e["warm_start"] for e in timing["entries"]} == set(paths)
     s = analyze_sweep(sweep.sweep_dir, target="auto")
     assert {r["block"] for r in s["runs"].values()} == {"w0", "w1"}
+    assert s["drift"]["r_q_source"] == "each warm-start's timing pass"
     with pytest.raises(ValueError, match="warm_start_checkpoints"):
         sweep_mod.validate_sweep(SweepConfig(warm_start_checkpoints=(paths[0],)), base)
     with pytest.raises(ValueError, match="warm_start_checkpoints"):

@@ -32,7 +32,7 @@ from jaxrl_scale.experiment.errors import one_line
 from jaxrl_scale.experiment.rundir import is_finished, write_error
 from jaxrl_scale.experiment.study import (SweepConfig, all_runs, check_sweep_fields, plan,
                                           reference_batch, tune_batches, tune_plan, tune_run)
-from jaxrl_scale.experiment.timing import write_timing_pass
+from jaxrl_scale.experiment.timing import write_timing_pass, write_warm_start_timing_pass
 from jaxrl_scale.experiment.train import run_training
 from jaxrl_scale.numbers import is_number
 
@@ -353,11 +353,22 @@ def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
         timings.update(t)
         tune = tune + more
     lrs, runs = _tuned_plan(sweep, base, tune, n_ext)
-    e2, t2 = _run_all(runs, "sweep", progress, eval0, sweep)
-    errors.update(e2)
-    timings.update(t2)
-    if sweep.timing_steps > 0:
-        err = write_timing_pass(sweep, runs, progress)
+    if sweep.warm_start_checkpoints:   # block by block, each timed in its learning's state
+        W = len(sweep.warm_start_checkpoints)
+        for w, path in enumerate(sweep.warm_start_checkpoints):
+            mine = [c for c in runs if c.init_checkpoint == path]
+            e2, t2 = _run_all(mine, f"sweep, warm-start {w + 1}/{W}", progress, eval0, sweep)
+            errors.update(e2)
+            timings.update(t2)
+            err = sweep.timing_steps > 0 and write_warm_start_timing_pass(sweep, mine, path,
+                                                                          progress)
+            if err:
+                errors[f"_timing_w{w}"] = err
+    else:
+        e2, t2 = _run_all(runs, "sweep", progress, eval0, sweep)
+        errors.update(e2)
+        timings.update(t2)
+        err = sweep.timing_steps > 0 and write_timing_pass(sweep, runs, progress)
         if err:
             errors["_timing"] = err
     write_json(os.path.join(sweep.sweep_dir, STATUS_FILE),

@@ -25,6 +25,7 @@ SWEEP_DIR/timing.json by `write_timing_pass`; the analysis takes r_q from it.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import tempfile
 import time
@@ -216,6 +217,31 @@ def timing_pass(sweep: SweepConfig, runs: list[TrainConfig], progress: bool = Tr
         meta[algo] = {"blocks": out["blocks"], "stopping": out["stopping"]}
     return {"entries": entries, "interleaved": True, "steps": sweep.timing_steps,
             "algos": meta}
+
+
+def write_warm_start_timing_pass(sweep: SweepConfig, runs: list[TrainConfig], warm_start: str,
+                                 progress: bool = True) -> str | None:
+    """The timing pass of one warm-start's runs, right after them (so in the machine state of
+    its learning), its entries tagged ``warm_start`` and added to SWEEP_DIR/timing.json (a
+    warm-start already there is kept: a resumed study does not time it again). None, or the
+    error as one line."""
+    from jaxrl_scale.scaling.drift import TIMING_FILE
+    path = os.path.join(sweep.sweep_dir, TIMING_FILE)
+    have = {"entries": [], "interleaved": True, "steps": sweep.timing_steps, "warm_starts": {}}
+    if os.path.isfile(path):
+        with open(path) as f:
+            have = json.load(f)
+    if warm_start in have.get("warm_starts", {}):
+        return None
+    try:
+        out = timing_pass(sweep, runs, progress)
+    except Exception as e:  # the study's runs stand; the analysis falls back to in-run q
+        write_error(os.path.join(sweep.sweep_dir, "_timing"), traceback.format_exc())
+        return one_line(e)
+    have["entries"] += [{**e, "warm_start": warm_start} for e in out["entries"]]
+    have.setdefault("warm_starts", {})[warm_start] = out["algos"]
+    write_json(path, have, indent=2)
+    return None
 
 
 def write_timing_pass(sweep: SweepConfig, runs: list[TrainConfig], progress: bool = True

@@ -288,6 +288,30 @@ def lora_configs(groups: dict[str, list[Run]]) -> dict:
     return out
 
 
+BLOCK_PASSES_NOTE = ("r_q from each of the {n} warm-starts' own timing pass, run in the machine "
+                     "state of that warm-start's learning: the state's effect on r_q varies "
+                     "with the warm-starts and is in the test's error term")
+
+
+def block_timing(runs: Sequence[Run], blocks: dict[str, str]) -> dict[str, list[dict]]:
+    """{block: the timing pass entries of that warm-start}: entries tagged with the block's
+    warm-start (timing.json "warm_start", the init_checkpoint its runs start from), else
+    the timing.json of the one directory that holds all of the block's runs."""
+    out: dict[str, list[dict]] = {}
+    paths = {blocks[r.name]: r.block for r in runs if r.name in blocks}
+    for b in sorted(set(blocks.values())):
+        where = {os.path.dirname(os.path.abspath(r.path)) for r in runs
+                 if blocks.get(r.name) == b and r.path}
+        if len(where) != 1:
+            continue
+        entries = sdrift.read_timing(where.pop()) or []
+        tagged = [e for e in entries if e.get("warm_start") == paths[b]]
+        mine = tagged or [e for e in entries if "warm_start" not in e]
+        if mine:
+            out[b] = mine
+    return out
+
+
 def warm_start_blocks(runs: Sequence[Run]) -> dict[str, str]:
     """{run: block label} when the runs start from two or more warm-starts (Run.block), the
     labels w0, w1, ... in the order of the warm-starts' paths; {} for one warm-start (the
@@ -409,20 +433,32 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
 
     dirs = sweep_dirs(sweep_dir)
     one_dir = dirs[0] if len(dirs) == 1 else None
-    if timing is None and one_dir is not None:
+    in_run_r_q = {g: b["r_q"].value for g, b in boot.items()}
+    block_offsets = None
+    if timing is None and blocks:   # one timing pass per warm-start, in its machine state
+        block_offsets = {b: sdrift.interleaved_r_q(t, configs, refs, ci_level)[1]
+                         for b, t in block_timing(runs, blocks).items()}
+        if not block_offsets or set(block_offsets) != set(blocks.values()):
+            block_offsets = None
+    if timing is None and one_dir is not None and block_offsets is None:
         timing = sdrift.read_timing(one_dir)
-    elif timing is None and len(dirs) > 1:
-        warnings.append(f"{len(dirs)} studies analysed together: r_q from the runs' own step "
-                        "times (the studies' timing passes are not pooled)")
-    drift_info, timing_offsets = sdrift.interleaved_r_q(
-        timing, configs, refs, ci_level, {g: b["r_q"].value for g, b in boot.items()})
+    elif timing is None and block_offsets is None and len(dirs) > 1:
+        warnings.append(f"{len(dirs)} studies analysed together without a timing pass for "
+                        "each warm-start: r_q from the runs' own step times")
+    drift_info, timing_offsets = sdrift.interleaved_r_q(timing, configs, refs, ci_level,
+                                                        in_run_r_q)
+    if block_offsets is not None:
+        drift_info = {**drift_info, "controlled": True,
+                      "r_q_source": "each warm-start's timing pass",
+                      "note": BLOCK_PASSES_NOTE.format(n=len(block_offsets))}
     # Family-wise verdicts and fastest sets (scaling.familywise): their t estimates become
     # the headline ratios, the bootstrap ones stay beside them (values.ConfigRatios).
     fw = familywise.sweep_tests(configs, per_run, creps,
                                 {a: n for a, (n, _) in refs.items()}, ci_level,
-                                offsets=timing_offsets)
-    drift_info = sdrift.with_disagreements(drift_info, {
-        g: f.r_q_in_run_test for g, f in fw["configs"].items()}, timing_offsets, ci_level)
+                                offsets=timing_offsets, block_offsets=block_offsets)
+    if timing_offsets:   # the one pass against the runs' own step times
+        drift_info = sdrift.with_disagreements(drift_info, {
+            g: f.r_q_in_run_test for g, f in fw["configs"].items()}, timing_offsets, ci_level)
     cstats = compose_configs(configs, boot, fw["configs"],
                              sdrift.pass_ratios(drift_info, timing_offsets))
     best = fw["best_sets"]

@@ -65,6 +65,11 @@ class Design:
     timing_rounds: int = 8
     pass_block_sd: float = 0.0
     pass_round_sd: float = 0.0
+    # The machine state a pass runs in, which the learning did not share (a quiet pass for a
+    # loaded study, or the reverse): every config's log step time moves by N(0, state_sd),
+    # shared by all blocks and rounds of that pass. With several warm-starts each has its
+    # own pass (`fast_rates`), so the state varies with the test's units.
+    state_sd: float = 0.0
 
     @property
     def reference(self) -> str:
@@ -103,6 +108,8 @@ def simulate_pass_units(design: Design, rng: np.random.Generator, q_ratio: dict,
     logq = np.log([q_ratio.get(c[0], 1.0) for c in design.configs])
     noise = (design.pass_block_sd * rng.standard_normal((n_sweeps, C, nb, 1))
              + design.pass_round_sd * rng.standard_normal((n_sweeps, C, nb, R)))
+    if design.state_sd:
+        noise = noise + design.state_sd * rng.standard_normal((n_sweeps, C, 1, 1))
     d = logq[None, :, None, None] - (noise - noise[:, :1])
     return d.mean(axis=3)
 
@@ -360,8 +367,9 @@ def fast_rates(design: Design, n_sweeps: int, seed: int = 0, r_N: dict | None = 
     r_N, q_ratio = r_N or {}, q_ratio or {}
     rng = np.random.default_rng(seed)
     est = simulate_estimates(design, n_sweeps, rng, r_N, q_ratio)
-    units = (simulate_pass_units(design, rng, q_ratio, n_sweeps) if design.timing_blocks
-             else None)
+    W = design.warm_starts
+    units = (simulate_pass_units(design, rng, q_ratio, n_sweeps * W).reshape(
+        n_sweeps, W, len(design.configs), -1) if design.timing_blocks else None)
     names = [c[0] for c in design.configs]
     ref = names[0]
     truth = {g: r_N.get(g, 1.0) / q_ratio.get(g, 1.0) for g in names}
@@ -384,14 +392,20 @@ def fast_rates(design: Design, n_sweeps: int, seed: int = 0, r_N: dict | None = 
             qm = np.mean([per_run[r]["q"] for r in runs])
             configs[g] = {"algo": "grpo", "runs": runs, "reached": reached,
                           "is_reference": g == ref, "T": nm / qm if reached else None}
-        offsets = None
-        if units is not None:
-            nb = drift.blocks_to_stop(units[i, 1:], design.timing_blocks,
-                                      design.timing_tolerance, level)
-            offsets = {g: drift.PassRatio(units[i, c, :nb], "block")
-                       for c, g in enumerate(names) if c > 0}
+        offsets, block_offsets = None, None
+        if units is not None:     # one pass per warm-start, each to its stopping rule
+            passes = []
+            for w in range(W):
+                nb = drift.blocks_to_stop(units[i, w, 1:], design.timing_blocks,
+                                          design.timing_tolerance, level)
+                passes.append({g: drift.PassRatio(units[i, w, c, :nb], "block")
+                               for c, g in enumerate(names) if c > 0})
+            if W > 1:
+                block_offsets = {f"w{w}": p for w, p in enumerate(passes)}
+            else:
+                offsets = passes[0]
         fw = familywise.sweep_tests(configs, per_run, {}, {"grpo": ref}, level,
-                                    offsets=offsets)
+                                    offsets=offsets, block_offsets=block_offsets)
         wrong = False
         for g in names[1:]:
             f = fw["configs"].get(g)

@@ -9,8 +9,10 @@ value on each side, up to a cap of extensions; `tune` runs that loop on a score 
 
 Scores are {lr: score} (one seed per lr) or {lr: {seed: score}}. With several seeds per lr
 the record compares every lr with the best mean under `familywise`'s model (score =
-mu_lr + s_seed + e, the seed effects paired out when every lr ran the same seeds, the
-variance pooled over lrs): an lr is *significantly worse* than the best when the LEVEL (90%)
+mu_lr + s_seed + e, the seed effects paired out when every lr ran the same seeds), with the
+variance of e a log-linear function of log lr fitted to every lr's own scatter
+(`variance_per_lr`; pooled over lrs when fewer than 3 lrs are scored): an lr is
+*significantly worse* than the best when the LEVEL (90%)
 two-sided t interval of best - lr lies above 0 (a one-sided test at 5% per comparison). The
 *flat set* is the run of grid lrs around the best that are not significantly worse; the
 *bracket* the nearest significantly worse lr on each side; the choice the declared RULE (the
@@ -75,6 +77,71 @@ def _middle(flat: Sequence[float]) -> float:
     return min(flat, key=lambda lr: (round(abs(math.log(lr) - centre), 9), lr))
 
 
+VARIANCE_MODEL = "log-linear in log lr"
+
+
+def _loglinear(xs: Sequence[float], ss: Sequence[float], nu: Sequence[float]) -> list[float]:
+    """Fitted variances of log v = a + b x from sums of squares ss with nu df each, the
+    bias of a log chi-square taken out (scipy.special.digamma)."""
+    from scipy.special import digamma
+    ys = [math.log(s / n) - (digamma(n / 2) - math.log(n / 2)) for s, n in zip(ss, nu)]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
+    return [math.exp(my + b * (x - mx)) for x in xs]
+
+
+def variance_per_lr(ok: Mapping[float, Mapping], var: dict) -> dict | None:
+    """The residual variance of each lr's scores as a log-linear function of log lr (an lr
+    near divergence scatters 50x more than a small one, so one pooled variance would make
+    every small-lr difference look like noise). Seeds paired over the lrs (the same data
+    order): the seed effects are estimated with weights 1 / variance (the quiet lrs carry
+    them), each lr's residual sum of squares about its mean and those effects is fitted by
+    log v = a + b log lr, and the two alternate 5 times. Unpaired: each lr's own sample
+    variance, fitted once. {"sigma": {lr: sd}, "df": the residual df - 2}, or None with
+    fewer than 3 lrs of 2+ seeds (the pooled variance is then used)."""
+    lrs = sorted(ok)
+    if len(lrs) < 3 or min(len(ok[lr]) for lr in lrs) < 2:
+        return None
+    xs = [math.log(lr) for lr in lrs]
+    means = [sum(ok[lr].values()) / len(ok[lr]) for lr in lrs]
+    if var["paired"]:
+        seeds = var["seeds"]
+        dev = [[ok[lr][k] - m for k in seeds] for lr, m in zip(lrs, means)]
+        K, L = len(seeds), len(lrs)
+        nu = [(K - 1) * (1 - 1 / L)] * L        # each lr's share of the (K-1)(L-1) df
+        df = (K - 1) * (L - 1)
+        v = [sum(d * d for d in row) / (K - 1) for row in dev]      # start: no seed effect
+        for _ in range(5):
+            w = [1 / max(x, 1e-300) for x in v]
+            eff = [sum(w[i] * dev[i][j] for i in range(L)) / sum(w) for j in range(K)]
+            ss = [sum((dev[i][j] - eff[j]) ** 2 for j in range(K)) for i in range(L)]
+            if min(ss) <= 0:
+                return None
+            v = _loglinear(xs, ss, nu)
+    else:
+        ss = [sum((x - m) ** 2 for x in ok[lr].values()) for lr, m in zip(lrs, means)]
+        nu = [len(ok[lr]) - 1 for lr in lrs]
+        df = sum(nu)
+        if min(ss) <= 0:
+            return None
+        v = _loglinear(xs, ss, nu)
+    if df - 2 < 1:
+        return None
+    return {"sigma": {lr: math.sqrt(x) for lr, x in zip(lrs, v)}, "df": df - 2}
+
+
+def _contrast(ok: Mapping[float, Mapping], best: float, lr: float, var: dict,
+              per_lr: dict | None) -> tuple[float, float]:
+    """(mean of best - lr, its SE): the pooled model's (`familywise.contrast`), its SE from
+    the two lrs' own variances when `variance_per_lr` fitted them."""
+    d, se = fw.contrast(ok, best, lr, var)
+    if per_lr is None:
+        return d, se
+    sb, sl = per_lr["sigma"][best], per_lr["sigma"][lr]
+    return d, math.sqrt(sb ** 2 / len(ok[best]) + sl ** 2 / len(ok[lr]))
+
+
 def _analyse(scores: Mapping) -> dict:
     """The whole record but "extensions" (see `lr_tuning`)."""
     tab, given = _table(scores)
@@ -84,19 +151,24 @@ def _analyse(scores: Mapping) -> dict:
     ok = {lr: tab[lr] for lr in grid if means[lr] > -math.inf}
     var = fw.pooled_variance(ok) if ok else {"df": 0, "sigma": math.nan, "paired": False}
     noise = best is not None and var["df"] > 0
+    per_lr = variance_per_lr(ok, var) if noise else None
     seeds = _sorted({k for d in tab.values() for k in d}) if given else None
     rec = {"grid": grid, "scores": [means[lr] if means[lr] > -math.inf else None for lr in grid],
            "seeds": seeds, "per_seed": [{str(k): s for k, s in tab[lr].items()} for lr in grid],
            "best_mean_lr": best, "noise_measured": noise, "level": LEVEL,
-           "sigma": var["sigma"] if noise else None, "df": var["df"] if noise else 0,
+           "sigma": var["sigma"] if noise else None,
+           "df": (per_lr["df"] if per_lr else var["df"]) if noise else 0,
            "paired": bool(var["paired"]) if noise else None,
            "rule": RULE if noise else RULE_ONE_SEED}
+    if per_lr:
+        rec.update(variance_model=VARIANCE_MODEL,
+                   sigma_per_lr=[per_lr["sigma"].get(lr) for lr in grid])
     rec["means"] = list(rec["scores"])
     if best is None:
         return {**rec, "chosen": None, "bracketed": False, "bracket": [None, None],
                 "flat": None, "diff_from_best": []}
     m = max(1, len(ok) - 1)   # comparisons with the best: simultaneous (Bonferroni) intervals
-    c = fw.t_ppf(1 - (1 - LEVEL) / (2 * m), var["df"]) if noise else math.nan
+    c = fw.t_ppf(1 - (1 - LEVEL) / (2 * m), rec["df"]) if noise else math.nan
     diffs, worse = [], {}
     for lr in grid:
         if lr == best:
@@ -107,10 +179,10 @@ def _analyse(scores: Mapping) -> dict:
             worse[lr] = True
             continue
         if noise:
-            d, se = fw.contrast(ok, best, lr, var)
+            d, se = _contrast(ok, best, lr, var, per_lr)
             ci = [d - c * se, d + c * se]
             diffs.append({"lr": lr, "diff": d, "se": se, "ci": ci,
-                          "p": fw.t_test(d, se, var["df"], LEVEL)["p"], "worse": ci[0] > 0})
+                          "p": fw.t_test(d, se, rec["df"], LEVEL)["p"], "worse": ci[0] > 0})
         else:
             d = means[best] - means[lr]
             diffs.append({"lr": lr, "diff": d, "se": None, "ci": None, "p": None,
