@@ -22,10 +22,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _studies() -> list[str]:
+    """Study directories: command.txt and summary.json, and the runs it analyses (its logs/,
+    or the studies its command names, e.g. several warm-starts analysed together)."""
+    def runs_there(d):
+        if os.path.isdir(os.path.join(d, "logs")):
+            return True
+        try:
+            flags = analyze_flags(os.path.join(d, "command.txt"))
+        except AssertionError:      # no analysis command: not a study record
+            return False
+        dirs = [x for x in flags.get("sweep_dir", "").split(",") if x]
+        return bool(dirs) and all(os.path.isdir(os.path.join(ROOT, x)) for x in dirs)
     return sorted(os.path.dirname(p) for p in glob.glob(os.path.join(ROOT, "results", "*",
                                                                        "command.txt"))
-                  if os.path.isdir(os.path.join(os.path.dirname(p), "logs"))
-                  and os.path.isfile(os.path.join(os.path.dirname(p), "summary.json")))
+                  if os.path.isfile(os.path.join(os.path.dirname(p), "summary.json"))
+                  and runs_there(os.path.dirname(p)))
 
 
 def analyze_flags(command_txt: str) -> dict:

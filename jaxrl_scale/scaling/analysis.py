@@ -456,7 +456,7 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
     fw = familywise.sweep_tests(configs, per_run, creps,
                                 {a: n for a, (n, _) in refs.items()}, ci_level,
                                 offsets=timing_offsets, block_offsets=block_offsets)
-    if timing_offsets:   # the one pass against the runs' own step times
+    if block_offsets is None:   # the one pass (if any) against the runs' own step times
         drift_info = sdrift.with_disagreements(drift_info, {
             g: f.r_q_in_run_test for g, f in fw["configs"].items()}, timing_offsets, ci_level)
     cstats = compose_configs(configs, boot, fw["configs"],
