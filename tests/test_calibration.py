@@ -261,3 +261,29 @@ def test_a_pass_per_warm_start_holds_the_error_rate_under_state_shifts():
     assert r["coverage_T"]["rate"] >= 0.88 - _mc(r["coverage_T"]), r["coverage_T"]
     p = cal.fast_rates(design, N, seed=32, r_N={BIG: 1.3})
     assert p["slower"][BIG]["rate"] >= 0.70 - _mc(p["slower"][BIG]), p["slower"][BIG]
+
+
+def test_a_pass_shared_by_warm_starts_is_not_each_ones(tmp_path):
+    """block_timing: a tagged pass belongs to its warm-start; an untagged timing.json belongs
+    to a block only when its directory holds no other block's runs (a pass shared by all
+    warm-starts would not vary with them: the analysis then uses it as the one pass)."""
+    import json
+    from jaxrl_scale.scaling.analysis import block_timing
+    from jaxrl_scale.scaling.io import make_run
+    entry = {"batch": 64, "gen_batch_ratio": 1, "step_s": [0.1, 0.1]}
+    def runs_in(d, names_blocks):
+        return [make_run(n, [{"step": 0, "responses": 0, "time_s": 0.0, "score": 0.1}],
+                         {"init_checkpoint": w}, path=str(d / n)) for n, w in names_blocks]
+    shared = runs_in(tmp_path / "one", [("a_s0", "A"), ("a_s1", "B")])
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "timing.json").write_text(json.dumps([entry]))
+    assert block_timing(shared, {"a_s0": "w0", "a_s1": "w1"}) == {}
+    (tmp_path / "one" / "timing.json").write_text(json.dumps(
+        {"entries": [dict(entry, warm_start="A"), dict(entry, warm_start="B")]}))
+    got = block_timing(shared, {"a_s0": "w0", "a_s1": "w1"})
+    assert [e["warm_start"] for e in got["w0"]] == ["A"] and len(got["w1"]) == 1
+    apart = runs_in(tmp_path / "x", [("a_s0", "A")]) + runs_in(tmp_path / "y", [("a_s1", "B")])
+    for d in ("x", "y"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "timing.json").write_text(json.dumps([entry]))
+    assert set(block_timing(apart, {"a_s0": "w0", "a_s1": "w1"})) == {"w0", "w1"}

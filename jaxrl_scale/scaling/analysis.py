@@ -296,17 +296,21 @@ BLOCK_PASSES_NOTE = ("r_q from each of the {n} warm-starts' own timing pass, run
 def block_timing(runs: Sequence[Run], blocks: dict[str, str]) -> dict[str, list[dict]]:
     """{block: the timing pass entries of that warm-start}: entries tagged with the block's
     warm-start (timing.json "warm_start", the init_checkpoint its runs start from), else
-    the timing.json of the one directory that holds all of the block's runs."""
+    the untagged pass of the one directory that holds the block's runs and no other
+    block's (a pass shared by several warm-starts is not theirs each)."""
     out: dict[str, list[dict]] = {}
     paths = {blocks[r.name]: r.block for r in runs if r.name in blocks}
+    dirs = {r.name: os.path.dirname(os.path.abspath(r.path)) for r in runs if r.path}
     for b in sorted(set(blocks.values())):
-        where = {os.path.dirname(os.path.abspath(r.path)) for r in runs
-                 if blocks.get(r.name) == b and r.path}
-        if len(where) != 1:
+        where = {dirs.get(r.name) for r in runs if blocks.get(r.name) == b}
+        if len(where) != 1 or None in where:
             continue
-        entries = sdrift.read_timing(where.pop()) or []
-        tagged = [e for e in entries if e.get("warm_start") == paths[b]]
-        mine = tagged or [e for e in entries if "warm_start" not in e]
+        d = where.pop()
+        entries = sdrift.read_timing(d) or []
+        mine = [e for e in entries if e.get("warm_start") == paths[b]]
+        alone = all(blocks.get(n) == b for n, x in dirs.items() if x == d and n in blocks)
+        if not mine and alone:
+            mine = [e for e in entries if "warm_start" not in e]
         if mine:
             out[b] = mine
     return out
