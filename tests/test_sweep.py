@@ -1,5 +1,7 @@
 """Sweep runner: plan, resume without redoing finished runs, analysis at the end."""
+import dataclasses
 import json
+import math
 import os
 
 import pytest
@@ -57,19 +59,27 @@ def test_plan_gen_batch_ratios_axis():
 
 
 def test_default_and_full_study_designs():
-    """The default study: >= 5 batches over >= 16x with the sqrt lr and enough seeds that Holm
-    over its configs detects r_N = 1.3 with 80% power at a seed spread of 0.2 in log N*,
-    exact evals; the full one adds the fixed-lr control at >= 2 batches, an equal-P*G pair with
-    another G and PPO with its own grid, at 3 seeds."""
-    from jaxrl_scale.scaling.familywise import seeds_needed
+    """The default study: >= 5 batches over >= 16x with the sqrt lr, warm-starts as blocks
+    with >= 2 seeds each (tau separable from seed noise), enough of them that Holm over its
+    configs, with the warm-start x config interaction tau = 0.079 and the seed SD 0.087 of log
+    N* in the error term, detects r_N = 1.25 with 80% power (noncentral t, df (C-1)(W-1));
+    the full one adds the fixed-lr control at >= 2 batches, an equal-P*G pair with another G
+    and PPO with its own grid, at 3 seeds."""
+    from scipy import stats
     default = study_mod.study_config("default")
     runs = plan(default, TrainConfig(micro_batches=2))
     configs = {(r.algo, r.prompts_per_step, r.group_size, r.optim.lr_rule) for r in runs}
     sqrt_b = sorted({p * g for a, p, g, rule in configs if rule == "sqrt"})
     assert len(sqrt_b) >= 5 and sqrt_b[-1] / sqrt_b[0] >= 16
-    k = len(default.seeds)
-    assert len(runs) == k * len(configs) and {r.seed for r in runs} == set(range(k))
-    assert k >= seeds_needed(0.2, len(configs), len(configs) - 1, 0.1)
+    k, W, C = len(default.seeds), default.warm_starts, len(configs)
+    assert len(runs) == k * C and {r.seed for r in runs} == set(range(k)) and k >= 2
+    blocks = plan(dataclasses.replace(default, warm_start_checkpoints=tuple(
+        f"/ws{w}" for w in range(W))), TrainConfig(micro_batches=2))
+    assert len(blocks) == W * k * C and len({r.seed for r in blocks}) == W * k
+    se = math.sqrt(2 * (0.079 ** 2 + 0.087 ** 2 / k) / W)      # paired cell-mean contrast
+    df, m = (C - 1) * (W - 1), C - 1
+    assert stats.nct.sf(stats.t.ppf(1 - 0.1 / (2 * m), df), df, math.log(1.25) / se) >= 0.8
+    assert default.target_stop_evals >= 2 and default.timing_steps > 0
     for r in runs:  # whole groups per micro-batch, and every config validates
         assert r.prompts_per_step % r.micro_batches == 0
     full = plan(study_mod.study_config("full"), TrainConfig(micro_batches=2))
@@ -267,10 +277,10 @@ def test_sweep_from_warm_start_blocks(tmp_path):
         paths.append(p)
     sweep = SweepConfig(sweep_dir=str(tmp_path / "sweep"), prompts=(4, 8), group_sizes=(2,),
                         base_prompts=0, lr_rules=("sqrt",), fixed_prompts=(), pairs=(),
-                        seeds=(0, 1), max_responses=32, eval_every_responses=16,
-                        tune_lrs=(1e-3,), tune_seeds=(0, 1), tune_responses=16, target=0.05,
+                        seeds=(0, 1), max_responses=64, eval_every_responses=16,
+                        tune_lrs=(1e-3,), tune_seeds=(0, 1), tune_responses=16,
                         compile_cache=False, tune_max_extensions=0, timing_steps=1,
-                        timing_blocks=2, timing_max_blocks=2,
+                        timing_blocks=2, timing_max_blocks=2, target_stop_evals=1,
                         warm_start_checkpoints=tuple(paths))
     runs = plan(sweep, base)
     got = {(os.path.basename(r.run_dir), r.init_checkpoint) for r in runs}
@@ -287,6 +297,18 @@ def test_sweep_from_warm_start_blocks(tmp_path):
     s = analyze_sweep(sweep.sweep_dir, target="auto")
     assert {r["block"] for r in s["runs"].values()} == {"w0", "w1"}
     assert s["drift"]["r_q_source"] == "each warm-start's timing pass"
+    # target_stop_evals: the references ran to the budget; every other run was given its
+    # warm-start's target, the one the analysis set, and stopped one eval after reaching it
+    for name, r in s["runs"].items():
+        with open(os.path.join(sweep.sweep_dir, name, "config.json")) as f:
+            c = json.load(f)
+        with open(os.path.join(sweep.sweep_dir, name, "DONE.json")) as f:
+            done = json.load(f)
+        if name.startswith("grpo_P4_"):      # the reference config
+            assert c["target"] == 0 and done["responses"] == 64
+        else:
+            assert c["target"] == r["target"] and c["target_evals"] == 1
+            assert done["responses"] == 64 or done["step"] == done["reached_step"] + 1
     with pytest.raises(ValueError, match="warm_start_checkpoints"):
         sweep_mod.validate_sweep(SweepConfig(warm_start_checkpoints=(paths[0],)), base)
     with pytest.raises(ValueError, match="warm_start_checkpoints"):

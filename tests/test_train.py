@@ -507,3 +507,19 @@ def test_exact_eval_run_logs_the_answer_probability(tmp_path, data_dir):
                            max_new_tokens=cfg.max_new_tokens,
                            temperature=cfg.sampling.temperature)
     assert float(p.mean()) == pytest.approx(evals[0]["score"], rel=1e-5)
+
+
+def test_run_stops_target_evals_after_reaching_the_target(tmp_path, data_dir):
+    """target_evals = k: the run goes on for k more evals after the eval that first reached
+    --target, then stops (the exact eval of a random policy is a small positive probability,
+    so a tiny target is reached at step 0)."""
+    cfg = tiny_cfg(tmp_path / "run", data_dir, eval_mode="exact", target=1e-12,
+                   target_evals=2, max_steps=10)
+    out = run_training(cfg, progress=False)
+    assert out["finished"] and out["reached_at"] == 0 and out["reached_step"] == 0
+    assert out["step"] == 2 * cfg.eval_every
+    scores = [r for r in _records(cfg.run_dir) if "score" in r]
+    assert [r["step"] for r in scores] == [0, 2, 4]
+    none = run_training(tiny_cfg(tmp_path / "run0", data_dir, eval_mode="exact",
+                                 target=1e-12, max_steps=10), progress=False)
+    assert none["step"] == 0          # no evals asked after it: it stops where it reached

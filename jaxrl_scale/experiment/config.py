@@ -153,6 +153,7 @@ class TrainConfig:
     max_responses: int = 0             # response budget (0: none)
     target: float = 0.0                # stop once eval score >= target ... (0: no target stop)
     target_margin: float = 0.0         # ... and responses >= N* * (1 + margin)
+    target_evals: int = 0              # ... and this many evals after the one that reached it
     seed: int = 0
     # --- eval / checkpoints
     eval_every: int = 5
@@ -318,7 +319,7 @@ RANGES: dict[str, tuple[float, float, bool]] = {
     **{k: (0, _INF, False) for k in (
         "max_responses", "num_train_examples", "num_test_examples", "max_prompt_len", "seed",
         "warmup_steps", "top_k", "max_grad_norm", "clip_high", "vf_clip", "kl_coef",
-        "entropy_coef", "router_aux_coef", "target_margin", "temperature", "dual_clip",
+        "entropy_coef", "router_aux_coef", "target_margin", "target_evals", "temperature", "dual_clip",
         "reward_timeout_s", "refill_cap", "refill_prompts", "token_budget")},
     **{k: (0, _INF, True) for k in ("base_lr", "critic_base_lr", "eps")},
     **{k: (0, 1, False) for k in ("clip_low", "gamma", "lam", "target")},
@@ -415,9 +416,10 @@ def validate(cfg: TrainConfig, *, data_parallel: int | None = None,
     check_updates(cfg, data_parallel)
     check_refill(cfg)
     check_packing(cfg, data_parallel)
-    if cfg.target_margin and not cfg.target:
-        raise _err("target_margin", "is set but --target is 0 (no target stop)",
-                   "set --target too, or drop --target_margin")
+    for field in ("target_margin", "target_evals"):
+        if getattr(cfg, field) and not cfg.target:
+            raise _err(field, "is set but --target is 0 (no target stop)",
+                       f"set --target too, or drop --{field}")
     if cfg.num_test_examples and cfg.eval_prompts > cfg.num_test_examples:
         raise _err("eval_prompts", f"{cfg.eval_prompts} eval prompts but only "
                    f"{cfg.num_test_examples} test examples", "lower --eval_prompts or raise "
@@ -465,6 +467,7 @@ def validate_for_devices(cfg: TrainConfig):
 # Fields a resumed run may change: when to stop, how often to checkpoint, where files are.
 # Anything else changes what the saved steps mean, so a resume with it changed is refused.
 RESUMABLE_FIELDS = ("run_dir", "max_steps", "max_responses", "target", "target_margin",
+                    "target_evals",
                     "checkpoint_every", "data_dir", "tensorboard", "wandb_project", "wandb_mode")
 
 

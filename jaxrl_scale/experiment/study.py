@@ -76,6 +76,10 @@ class SweepConfig:
     target: float | str = "auto"       # analysis target J* ("auto": from the reference)
     target_fraction: float = 0.5       # auto J* = start + this x (what every reference seed
                                        # reliably reached - start)
+    # > 0: each warm-start's reference runs go first, to the full budget; every other run of
+    # that warm-start stops this many evals after its eval first reaches the target those
+    # reference runs set (the analysis sets the same one). 0: every run to max_responses.
+    target_stop_evals: int = 0
     compile_cache: bool = True         # JAX persistent compilation cache (shared shapes)
     executor: str = "local"            # "local": one run after another; "ray": a task per run
     ray_address: str = ""              # existing Ray cluster (ray.init(address=...)); "": local
@@ -90,22 +94,30 @@ class SweepConfig:
 # What `sweep_batch.py --study=NAME` runs; every field can still be overridden by its flag.
 STUDIES: dict[str, dict[str, Any]] = {
     # GRPO, 5 batches over 16x (64..1024 responses, sqrt lr), reference B0 = 128 (P=16 x G=8)
-    # with its lr tuned first, 12 seeds: 60 runs, exact evals every 1,024 responses. Designed
-    # for power: at the seed-to-seed spread of log N* measured in the
-    # recorded studies (about 0.2 without eval noise) Holm over 4 configs detects r_N = 1.3
-    # with 80% power from 12 seeds (familywise.seeds_needed); the fixed-lr control and the
-    # equal-P*G pairs, which more configs would make a larger family, are in "full". Then an
-    # interleaved timing pass, 8 rounds over the batches, that r_q comes from.
-    # The auto target sits three quarters of the way from the start to what every reference
-    # seed reached (not half-way): there every run of the recorded default study has >= 6 of
-    # its evals before N* (half-way: a median of 5, the fewest 3; 40 of 60 runs < 6)
-    # and the seed spread of log N* is 0.11 instead of 0.19 (the curves are past their noisy
-    # first bend): results/target_fraction.
-    # The lr is tuned at 3 seeds per lr: one seed's scores of adjacent lrs
-    # differed by less than the seed-to-seed SD of the score (0.0024), so a one-seed
-    # "bracket" was noise; with 3 the choice and its bracket come with intervals.
-    "default": {"fixed_prompts": (), "pairs": (), "seeds": tuple(range(12)),
-                "eval_every_responses": 1024, "timing_steps": 8, "target_fraction": 0.75,
+    # with its lr tuned first. Warm-starts as blocks: 6 SFT warm-starts x 2 seeds per config
+    # (60 runs), so the verdicts are about the population of warm-starts, not one draw (one
+    # warm-start's verdicts flipped on another CPU, whose floating-point path trains another
+    # one). With the interaction tau in the error term, Holm over 4 configs (df (C-1)(W-1) =
+    # 20) detects r_N = 1.15 (tau 0.04) to 1.21 (tau 0.079) with 80% power, tau the
+    # interaction measured between recorded warm-starts and 0.087 the seed SD of log N*
+    # (tests/test_sweep.py: test_default_and_full_study_designs). Two
+    # seeds per cell separate tau from the seed noise (its interval is reported).
+    # Each warm-start's reference runs go to the full budget and set its target; the other
+    # runs stop 3 evals after reaching it (half the responses of a recorded study came after
+    # N*; results/truncation shows the N* this keeps). A timing pass of one block (8 rounds
+    # over the batches) follows each warm-start, so r_q is timed in the machine state of
+    # each block's learning and the spread between passes is in the error term.
+    # Exact evals every 1,024 responses. The auto target sits three quarters of the way from
+    # the start to what every reference seed reached (not half-way): there the curves are
+    # past their noisy first bend and most runs have >= 6 evals before N*
+    # (results/target_fraction).
+    # The lr is tuned at 3 seeds per lr (one per warm-start, seeds no study run has): one
+    # seed's scores of adjacent lrs differed by less than the seed-to-seed SD of the score.
+    # The fixed-lr control and the equal-P*G pairs, which would make the family larger, are
+    # in "full".
+    "default": {"fixed_prompts": (), "pairs": (), "warm_starts": 6, "seeds": (0, 1),
+                "eval_every_responses": 1024, "timing_steps": 8, "timing_blocks": 1,
+                "timing_max_blocks": 1, "target_stop_evals": 3, "target_fraction": 0.75,
                 "tune_seeds": (0, 1, 2)},
     # The default's configs (reused when run in the same --sweep_dir) at 3 seeds of their own
     # plus B = 32, the fixed-lr control at B = 256 and 512, two equal-P*G pairs (32 x 4,
@@ -153,6 +165,15 @@ def warm_start_bases(sweep: SweepConfig, base: TrainConfig) -> list[TrainConfig]
     """The base config of each warm-start block: one per warm_start_checkpoints entry, else
     `base` alone (its own init_checkpoint, if any, is the one warm-start)."""
     return [base.replace(init_checkpoint=p) for p in sweep.warm_start_checkpoints] or [base]
+
+
+def is_reference_run(sweep: SweepConfig, c: TrainConfig) -> bool:
+    """Whether run `c` belongs to its algorithm's reference config, the one
+    `scaling.references.default_references` picks: the reference batch, lr rule sqrt,
+    synchronous rollout, one update per rollout and the base group size (PPO: 1)."""
+    G0 = 1 if c.algo == "ppo" else (sweep.base_group or min(sweep.group_sizes))
+    return (c.batch_train == reference_batch(sweep, c.algo) and c.optim.lr_rule == "sqrt"
+            and c.gen_batch_ratio == 1 and c.updates_per_rollout == 1 and c.group_size == G0)
 
 
 def block_seed(sweep: SweepConfig, seed: int, w: int) -> int:
@@ -335,6 +356,10 @@ def check_sweep_fields(sweep: SweepConfig) -> None:
                                ("seeds", 0, "0,1,2"), ("gen_batch_ratios", 1, "1,2"),
                                ("updates_per_rollout", 1, "1,2,4")):
         ints(field, lo, example)
+    need("target_stop_evals", isinstance(sweep.target_stop_evals, int)
+         and sweep.target_stop_evals >= 0, f"must be an integer >= 0, got "
+         f"{sweep.target_stop_evals!r}", "e.g. --target_stop_evals=3 (0: every run to "
+         "--max_responses)")
     need("target_fraction", 0 < sweep.target_fraction < 1,
          f"must lie strictly between 0 and 1, got {sweep.target_fraction}",
          "e.g. --target_fraction=0.75 (the auto target's share of the way from the start to "
@@ -352,8 +377,11 @@ def check_sweep_fields(sweep: SweepConfig) -> None:
     need("timing_steps", isinstance(sweep.timing_steps, int) and sweep.timing_steps >= 0,
          f"must be an integer >= 0, got {sweep.timing_steps!r}",
          "e.g. --timing_steps=6 (0: no timing pass)")
-    need("timing_blocks", isinstance(sweep.timing_blocks, int) and sweep.timing_blocks >= 2,
-         f"must be an integer >= 2 (r_q's interval is between blocks), got "
+    # r_q's interval is between blocks: those of the one pass, or with warm-start blocks
+    # (a pass after each warm-start) between the passes, which may then have one block each
+    lo = 1 if sweep.warm_starts > 1 or sweep.warm_start_checkpoints else 2
+    need("timing_blocks", isinstance(sweep.timing_blocks, int) and sweep.timing_blocks >= lo,
+         f"must be an integer >= {lo} (r_q's interval is between blocks), got "
          f"{sweep.timing_blocks!r}", "e.g. --timing_blocks=4")
     need("timing_max_blocks", isinstance(sweep.timing_max_blocks, int)
          and sweep.timing_max_blocks >= sweep.timing_blocks, f"must be an integer >= "

@@ -30,8 +30,9 @@ from jaxrl_scale.experiment.common import write_json
 from jaxrl_scale.experiment.config import ConfigError, TrainConfig, check_resume, validate
 from jaxrl_scale.experiment.errors import one_line
 from jaxrl_scale.experiment.rundir import is_finished, write_error
-from jaxrl_scale.experiment.study import (SweepConfig, all_runs, check_sweep_fields, plan,
-                                          reference_batch, tune_batches, tune_plan, tune_run)
+from jaxrl_scale.experiment.study import (SweepConfig, all_runs, check_sweep_fields,
+                                          is_reference_run, plan, reference_batch,
+                                          tune_batches, tune_plan, tune_run)
 from jaxrl_scale.experiment.timing import write_timing_pass, write_warm_start_timing_pass
 from jaxrl_scale.experiment.train import run_training
 from jaxrl_scale.numbers import is_number
@@ -199,6 +200,41 @@ def _run_all(cfgs: list[TrainConfig], desc: str, progress: bool,
     return errors, timings
 
 
+def _run_block(cfgs: list[TrainConfig], desc: str, progress: bool, eval0_cache: str | None,
+               sweep: SweepConfig) -> tuple[dict, dict]:
+    """`_run_all` over one warm-start's runs. With sweep.target_stop_evals, its reference runs
+    go first (to the full budget); every other run then stops target_stop_evals evals after
+    reaching the target `block_targets` reads from them, the one the analysis will set."""
+    if not sweep.target_stop_evals:
+        return _run_all(cfgs, desc, progress, eval0_cache, sweep)
+    refs = [c for c in cfgs if is_reference_run(sweep, c)]
+    errors, timings = _run_all(refs, f"{desc} (reference)", progress, eval0_cache, sweep)
+    targets = block_targets(sweep, [c for c in refs if is_finished(c.run_dir)])
+    rest = [c.replace(target=targets[c.algo], target_evals=sweep.target_stop_evals)
+            if c.algo in targets else c for c in cfgs if c not in refs]
+    e2, t2 = _run_all(rest, desc, progress, eval0_cache, sweep)
+    return {**errors, **e2}, {**timings, **t2}
+
+
+def block_targets(sweep: SweepConfig, refs: list[TrainConfig]) -> dict[str, float]:
+    """{algo: target} for the non-reference runs of one warm-start: sweep.target when it is a
+    number, else the analysis' auto target (`scaling.analysis.auto_target`) of these finished
+    reference runs; an algo without finished reference runs has none (its runs then go to
+    the full budget)."""
+    from jaxrl_scale.scaling import analysis, io as sio
+    target = analysis.parse_target(sweep.target)
+    out = {}
+    for algo in sorted({c.algo for c in refs}):
+        if isinstance(target, float):
+            out[algo] = target
+            continue
+        probe = [analysis.run_stats(sio.read_run(c.run_dir), float("inf"), 1,
+                                    np.random.default_rng(0), 0.9)[0]
+                 for c in refs if c.algo == algo]
+        out[algo] = analysis.auto_target(probe, sweep.target_fraction)[0]
+    return out
+
+
 def _run_all_ray(todo: list[TrainConfig], desc: str, progress: bool, sweep: SweepConfig,
                  eval0_cache: str | None = None) -> tuple[dict, dict]:
     """Runs that start alike share the step-0 eval as in the sequential sweep (tasks started
@@ -357,7 +393,7 @@ def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
         W = len(sweep.warm_start_checkpoints)
         for w, path in enumerate(sweep.warm_start_checkpoints):
             mine = [c for c in runs if c.init_checkpoint == path]
-            e2, t2 = _run_all(mine, f"sweep, warm-start {w + 1}/{W}", progress, eval0, sweep)
+            e2, t2 = _run_block(mine, f"sweep, warm-start {w + 1}/{W}", progress, eval0, sweep)
             errors.update(e2)
             timings.update(t2)
             err = sweep.timing_steps > 0 and write_warm_start_timing_pass(sweep, mine, path,
@@ -365,7 +401,7 @@ def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
             if err:
                 errors[f"_timing_w{w}"] = err
     else:
-        e2, t2 = _run_all(runs, "sweep", progress, eval0, sweep)
+        e2, t2 = _run_block(runs, "sweep", progress, eval0, sweep)
         errors.update(e2)
         timings.update(t2)
         err = sweep.timing_steps > 0 and write_timing_pass(sweep, runs, progress)

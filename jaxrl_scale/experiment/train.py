@@ -501,7 +501,7 @@ def _train(cfg: TrainConfig, progress: bool, stop_after_steps: int | None,
         emit({"step": 0, "responses": 0, "time_s": 0.0, **ev, "compile_s": compile_s,
               **run.describe()})
         if cfg.target and ev["score"] >= cfg.target:
-            loop = loop.replace(reached_at=0)
+            loop = loop.replace(reached_at=0, reached_step=0)
 
     def save(loop: LoopState) -> None:
         ckpt.save(loop.step, trained_part(loop.states),
@@ -513,8 +513,12 @@ def _train(cfg: TrainConfig, progress: bool, stop_after_steps: int | None,
             return True
         if cfg.max_responses and c.responses >= cfg.max_responses:
             return True
+        # target_evals more evals after the one that reached the target (a checkpoint from
+        # before reached_step existed never stops early: it runs to its budget)
         return c.reached_at is not None and \
-            c.responses >= c.reached_at * (1.0 + cfg.target_margin)
+            c.responses >= c.reached_at * (1.0 + cfg.target_margin) and \
+            c.step - (c.step if c.reached_step is None else c.reached_step) >= \
+            cfg.target_evals * cfg.eval_every
 
     by_responses = bool(cfg.max_responses)  # budgeted runs show responses, others steps
     bar = tqdm(total=cfg.max_responses if by_responses else cfg.max_steps,
@@ -545,7 +549,7 @@ def _train(cfg: TrainConfig, progress: bool, stop_after_steps: int | None,
                   "responses_generated": loop.responses_generated,
                   "time_s": loop.time_s, **ev, "eval_s": time.perf_counter() - t_eval})
             if cfg.target and loop.reached_at is None and ev["score"] >= cfg.target:
-                loop = loop.replace(reached_at=loop.responses)
+                loop = loop.replace(reached_at=loop.responses, reached_step=step)
         if step % cfg.checkpoint_every == 0:
             save(loop)
         steps_this_call += 1

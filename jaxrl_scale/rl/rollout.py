@@ -143,9 +143,11 @@ class LoopState:
     responses_generated: int = 0
     time_s: float = 0.0                # generation + rewards + update, eval excluded
     reached_at: Optional[int] = None   # responses when the eval first reached the target
+    reached_step: Optional[int] = None  # ... and the step of that eval
     reward_failures: int = 0           # reward calls that raised or timed out, every process
 
-    COUNTERS = ("step", "responses", "responses_generated", "time_s", "reached_at")
+    COUNTERS = ("step", "responses", "responses_generated", "time_s", "reached_at",
+                "reached_step")
 
     def counters(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.COUNTERS}
