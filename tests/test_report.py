@@ -339,3 +339,28 @@ def test_larger_batch_finding_quotes_the_measured_update_share():
     info = AlgoSummary.from_json({"regime": {"regime": "unknown"},
                                   "critical_generation_batch": fit})
     assert "the update takes 56% of a step" in findings._cap_text(larger, info)
+
+
+def test_slower_on_lower_bounds_is_reported_as_a_bound(tmp_path):
+    """A config none of whose runs reach the target within the budget, far slower than the
+    reference: the family-wise test on lower bounds calls it slower, and the report gives
+    T/T0 as a bound with the seeds that missed, not as a number it does not have."""
+    import dataclasses
+    import numpy as np
+    from jaxrl_scale import report
+    from jaxrl_scale.scaling import calibration as cal
+    from jaxrl_scale.scaling.analysis import analyze_runs
+    d = dataclasses.replace(cal.DEFAULT, configs=cal.DEFAULT.configs[:3], warm_starts=4,
+                            seeds=2, timing_blocks=0, timing_max_blocks=0, max_responses=7168)
+    runs = cal.simulate_runs(d, np.random.default_rng(1), r_N={"grpo_P32_G8_sqrt": 1.9})
+    s = analyze_runs(runs, 0.255, n_boot=50)
+    c = s["configs"]["grpo_P32_G8_sqrt"]
+    assert (c["verdict"], c["seeds_reached"], c["T_over_T0"]) == ("slower", 0, None)
+    assert "lower bounds" in c["test"]
+    text = open(report.render(s, str(tmp_path), runs)).read()
+    assert "grpo_P32_G8_sqrt (B=256, lr sqrt): T/T0 >= " in text
+    assert "8 of 8 seeds did not reach J*" in text
+    # indistinguishable is not equality: each such config says whether TOST shows equivalence
+    ind = next(l for l in text.splitlines() if "Indistinguishable from the reference" in l)
+    alike = s["configs"]["grpo_P8_G8_sqrt"]["alike_T"]
+    assert ("equivalent within [0.8, 1.25]" if alike else "not shown equivalent") in ind

@@ -92,8 +92,12 @@ def test_default_and_full_study_designs():
     assert any(len(gs) >= 2 for gs in by_b.values())
     ppo = [r for r in full if r.algo == "ppo"]
     assert ppo and {r.group_size for r in ppo} == {1} and {r.optim.base_batch for r in ppo} == {64}
-    # the full study reuses the default's runs of its seeds (it can resume from them)
-    assert {c.run_dir for c in runs if c.seed in (0, 1, 2)} <= {c.run_dir for c in full}
+    # the full study reuses the default's runs (the same warm-starts, seeds and names)
+    ws = tuple(f"/ws{w}" for w in range(W))
+    assert {(c.run_dir, c.init_checkpoint) for c in blocks} <= {
+        (c.run_dir, c.init_checkpoint) for c in plan(dataclasses.replace(
+            study_mod.study_config("full"), warm_start_checkpoints=ws),
+            TrainConfig(micro_batches=2))}
     with pytest.raises(ValueError, match="study: 'nope' is unknown"):
         study_mod.study_config("nope")
 

@@ -153,7 +153,9 @@ def test_reference_that_misses_the_target_is_reported(tmp_path):
 
 
 def test_seeds_that_miss_are_not_dropped(tmp_path):
-    """A config with one seed capped below the target is 'not reached' with 2/3 seeds."""
+    """A config with one seed capped below the target keeps all 3 seeds: N* is 'not
+    reached' (2/3 seeds), and the family-wise test, on lower bounds (the capped seed counts
+    at its budget, far beyond the others' N*), calls it slower."""
     write_config(tmp_path, "grpo_B32_sqrt", 32)
     write_config(tmp_path, "grpo_B64_sqrt", 64, seeds=2)
     write_synthetic_run(tmp_path, "grpo_B64_sqrt_s2", 64, 1, 300, curve=lambda n: 0.3,
@@ -161,7 +163,8 @@ def test_seeds_that_miss_are_not_dropped(tmp_path):
                         extra_config={"base_batch": 32})
     s = scaling.analyze_sweep(str(tmp_path), target=0.45)
     c = s["configs"]["grpo_B64_sqrt"]
-    assert (c["verdict"], c["seeds"], c["seeds_reached"]) == ("not reached", 3, 2)
+    assert (c["verdict"], c["seeds"], c["seeds_reached"]) == ("slower", 3, 2)
+    assert "lower bounds" in c["test"] and c["T_over_T0"] is None
     assert c["N_star"] is None and c["N_star_reached_mean"] > 0
 
 

@@ -1,15 +1,18 @@
 """Batch-scaling study (the main job): which batch reaches the target soonest, with intervals?
 
-With no flags (--study=default): GRPO on the built-in 2-digit arithmetic task from the cached
-SFT warm-start of the character-level CPU policy; the base lr tuned at the reference batch
-B0 = 128 (P=16 x G=8) by a short stage of its own (1e-4, 2e-4, 3e-4 at 3 seeds each); then
-P in {8, 16, 32, 64, 128} x G = 8 (64..1024 responses per update, 16x) with the sqrt lr rule,
-12 seeds each (the power to detect r_N = 1.3), exact evals every 1,024 responses
-(--eval_mode=exact: the probability of a rewarded sample, no sampling noise), 2 micro-batches
-of whole groups (noise scale); then summary.json, report.md and figures in --sweep_dir, at a
-target chosen from the reference's curves (--target=auto). --study=full adds B = 32, the
-fixed-lr control at P = 32 and 64, two equal-P*G pairs and a PPO sweep at 3 seeds, reusing the
-default's runs of those seeds when given the same --sweep_dir.
+With no flags (--study=default): GRPO on the built-in 2-digit arithmetic task from 6 SFT
+warm-starts of the character-level CPU policy (SFT seeds --warmstart_seed + 0..5, cached), the
+warm-starts the blocks of the test, so its verdicts are about the population of warm-starts;
+the base lr tuned at the reference batch B0 = 128 (P=16 x G=8) by a short stage of its own
+(1e-4, 2e-4, 3e-4 at 3 seeds each, across the warm-starts); then P in {8, 16, 32, 64, 128} x
+G = 8 (64..1024 responses per update, 16x) with the sqrt lr rule, 2 seeds from each warm-start,
+exact evals every 1,024 responses, 2 micro-batches of whole groups (noise scale). Each
+warm-start's reference runs go first, to the full budget, and set its target; its other runs
+stop 3 evals after reaching it; a one-block timing pass follows each warm-start. Then
+summary.json, report.md and figures in --sweep_dir, at a target chosen from each warm-start's
+reference curves (--target=auto). --study=full adds B = 32, the fixed-lr control at P = 32
+and 64, two equal-P*G pairs and a PPO sweep, reusing the default's runs when given the same
+--sweep_dir.
 
     python experiments/sweep_batch.py
     python experiments/sweep_batch.py --study=full

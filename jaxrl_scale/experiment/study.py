@@ -119,15 +119,17 @@ STUDIES: dict[str, dict[str, Any]] = {
                 "eval_every_responses": 1024, "timing_steps": 8, "timing_blocks": 1,
                 "timing_max_blocks": 1, "target_stop_evals": 3, "target_fraction": 0.75,
                 "tune_seeds": (0, 1, 2)},
-    # The default's configs (reused when run in the same --sweep_dir) at 3 seeds of their own
-    # plus B = 32, the fixed-lr control at B = 256 and 512, two equal-P*G pairs (32 x 4,
-    # 8 x 16) and a PPO sweep over P = 64..1024 with its own tuned lr (actor and critic noise
-    # scales): the source's findings, at the power its 3 seeds give.
-    "full": {"algos": ("grpo", "ppo"), "prompts": (4, 8, 16, 32, 64, 128),
-             "pairs": ((32, 4), (8, 16)), "ppo_prompts": (64, 128, 256, 512, 1024),
-             "eval_every_responses": 1024, "timing_steps": 8, "target_fraction": 0.75,
-             "tune_seeds": (0, 1, 2)},
+    # The default's design and configs (its runs reused when run in the same --sweep_dir:
+    # the same warm-starts, seeds and names) plus B = 32, the fixed-lr control at B = 256 and
+    # 512, two equal-P*G pairs (32 x 4, 8 x 16) and a PPO sweep over P = 64..1024 with its
+    # own tuned lr (actor and critic noise scales): the source's findings.
+    "full": {"fixed_prompts": (32, 64), "algos": ("grpo", "ppo"),
+             "prompts": (4, 8, 16, 32, 64, 128), "pairs": ((32, 4), (8, 16)),
+             "ppo_prompts": (64, 128, 256, 512, 1024)},
 }
+
+
+STUDIES["full"] = {**STUDIES["default"], **STUDIES["full"]}
 
 
 def exact_eval_where_possible(base: TrainConfig, asked: bool) -> TrainConfig:

@@ -4,6 +4,7 @@ details and the planner-vs-measured sections."""
 
 from __future__ import annotations
 
+import math
 import os
 
 from jaxrl_scale.numbers import fmt, fmt_ci
@@ -68,16 +69,30 @@ def _verdict_lines(summary: Summary, algo: str, prefix: str) -> list[str]:
     by = {v: [(g, st) for g, st in items if st.verdict == v]
           for v in ("faster", "slower", "indistinguishable", "not reached")}
     def tt(g, st):
+        if st.T_over_T0 is None and (st.T_over_T0_test or {}).get("log_ratio") is not None:
+            return (f"{g} ({_desc(st)}): T/T0 >= {fmt(math.exp(st.T_over_T0_test['log_ratio']))}"
+                    f" ({st.seeds - st.seeds_reached} of {st.seeds} seeds did not reach J*; "
+                    "each counts at its budget, a lower bound)")
         return f"{g} ({_desc(st)}): T/T0 = {fmt_ci(st.T_over_T0, st.T_over_T0_ci)}"
 
+    def order(kv):
+        return (kv[1].T_over_T0 is None, kv[1].T_over_T0 or 0.0)
+
     out.append(f"{prefix}Faster than the reference {ref} (T/T0 below 1, Holm-adjusted over all configs at {lvl}): "
-               + ("; ".join(tt(g, st) for g, st in sorted(
-                   by["faster"], key=lambda kv: kv[1].T_over_T0)) or "none") + ".")
+               + ("; ".join(tt(g, st) for g, st in sorted(by["faster"], key=order))
+                  or "none") + ".")
     out.append(f"{prefix}Slower (T/T0 above 1, family-wise): "
-               + ("; ".join(tt(g, st) for g, st in sorted(
-                   by["slower"], key=lambda kv: kv[1].T_over_T0)) or "none") + ".")
-    out.append(f"{prefix}Indistinguishable from the reference (no family-wise difference): "
-               + ("; ".join(tt(g, st) for g, st in by["indistinguishable"]) or "none") + ".")
+               + ("; ".join(tt(g, st) for g, st in sorted(by["slower"], key=order))
+                  or "none") + ".")
+    lo, hi = (summary.familywise or {}).get("margin") or (0.8, 1.25)
+
+    def same(g, st):   # TOST: the simultaneous interval inside the margin, or not shown
+        return tt(g, st) + (f", equivalent within [{fmt(lo)}, {fmt(hi)}]" if st.alike_T else
+                            f", not shown equivalent (its simultaneous interval leaves "
+                            f"[{fmt(lo)}, {fmt(hi)}])")
+    out.append(f"{prefix}Indistinguishable from the reference (no family-wise difference; "
+               "that is not equality): "
+               + ("; ".join(same(g, st) for g, st in by["indistinguishable"]) or "none") + ".")
     if by["not reached"]:
         out.append(f"{prefix}Not reached: " + "; ".join(
             f"{g} ({_desc(st)}): {st.seeds_reached}/{st.seeds} seeds "

@@ -151,6 +151,8 @@ def run_stats(run: Run, target: float, n_boot: int, rng: np.random.Generator,
                N_star_ci=_ci(n_reps, level), q=or_none(q), q_ci=_ci(q_reps, level),
                T=or_none(t_point) if reached else None, q_overall=or_none(q_all),
                responses_total=float(total_n), smoothed_final=float(fit[-1]),
+               # N* of a run that did not reach is at least the responses it ran
+               censored_at=None if reached else float(total_n),
                frac_replicates_reached=float(np.mean(np.isfinite(n_reps))),
                # the run's own evals: the step-0 eval is shared by every run of a seed
                evals_before_N_star=int(np.sum((n > 0) & (n < point))) if reached else None,

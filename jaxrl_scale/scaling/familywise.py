@@ -174,6 +174,8 @@ def min_detectable_log_ratio(se: float, df: float, alpha: float, m: int = 1,
 
 def _log_value(x: dict, key: str) -> float:
     n, q = x.get("N_star"), x.get("q")
+    if n is None and x.get("censored_at"):   # a lower bound: the budget it ran without reaching
+        n = x["censored_at"]
     v = n if key == "N" else q if key == "q" else (n / q if n is not None and q else None)
     return math.log(v) if v is not None and v > 0 and math.isfinite(v) else math.nan
 
@@ -309,6 +311,9 @@ def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[s
             fam[algo].update(pass_se=float(np.sqrt(np.mean(np.square(se_q)))),   # RMS
                              pass_df=int(np.median(
                 [offsets[g].df for g in pool if g in offsets and offsets[g].df > 0])))
+        tests += _censored_tests(configs, per_run, algo, pool, ref, by_block, var, vals,
+                                 offsets, block_offsets if passes else None, level, fields,
+                                 tt_ref)
         for g in pool:
             if g == ref or configs[g].get("is_reference"):
                 continue
@@ -341,6 +346,13 @@ def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[s
     for (g, p), pa in zip(tests, adj):
         row = fields[g]
         tt = row["T_over_T0"]
+        if row.get("lower_bound"):   # only "slower" follows from a lower bound
+            out_cfg[g] = FamilyTest(
+                verdict="slower" if np.isfinite(pa) and pa < alpha and tt["log_ratio"] > 0
+                else "not reached", p_value=tt.get("p"), p_holm=float(pa),
+                test=tt.get("method"), alike_T=None, alike_r_N=None, r_q_in_run_test={},
+                T_over_T0_test={k: tt.get(k) for k in ("log_ratio", "se", "df")})
+            continue
         # simultaneous intervals over the whole family
         for name in ("r_N", "r_q", "T_over_T0"):
             x = row[name]
@@ -383,6 +395,46 @@ def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[s
             "method": "Holm over two-sided t tests on log ratios (seed-paired when the "
                       "design pairs them, variance pooled over configs); alike: simultaneous "
                       "interval inside the margin; fastest set: Hsu's MCB"}
+
+
+def _censored_tests(configs: dict, per_run: dict, algo: str, pool: list[str], ref: str,
+                    by_block: bool, var: dict, vals: dict, offsets: Mapping[str, Any],
+                    block_offsets, level: float, fields: dict, tt_ref: dict
+                    ) -> list[tuple[str, float]]:
+    """The family's tests of configs some of whose runs did not reach the target (the
+    reference did). Such a run's N* counts at the budget it ran, and its T at the time it
+    ran: lower bounds, so the contrast of log T is a lower bound of the true one while its SE
+    (the pooled sigma of the configs that reached, and the pass's r_q) does not depend on
+    them. Rejecting "not slower" on the bounds is then a valid, conservative "slower";
+    anything else stays "not reached". Fills fields/tt_ref; returns [(config, p)]."""
+    out = []
+    for g, st in configs.items():
+        if (st["algo"] or "?") != algo or g in pool or st.get("is_reference"):
+            continue
+        xs = [per_run[r] for r in st["runs"]]
+        if not xs or any(x.get("N_star") is None and not x.get("censored_at") for x in xs):
+            continue
+        one = {k: _values(configs, per_run, g, k, by_block) for k in ("N", "T")}
+        if block_offsets:
+            if not all(g in block_offsets.get(w, {}) for w in one["N"]):
+                continue
+            one["T"] = {w: y - block_offsets[w][g].log for w, y in one["N"].items()}
+        key = "N" if g in offsets and not block_offsets else "T"
+        v = var[key]
+        if v["df"] <= 0 or not all(np.isfinite(y) for y in one[key].values()) or (
+                v["paired"] and not set(v["seeds"]) <= set(one[key])):
+            continue
+        est, se = contrast({**vals[key], g: one[key]}, g, ref, v)
+        df = v["df"]
+        if key == "N":     # the one pass's r_q: log T = log N* - log r_q
+            est, se, df = _with_pass((est, se), df, offsets[g].units)
+        t = {**t_test(est, se, df, level), "method": ("paired t" if v["paired"] else
+                                                      "pooled t")
+             + " on lower bounds (a run that did not reach counts at its budget)"}
+        fields[g] = {"T_over_T0": t, "lower_bound": True}
+        tt_ref[g] = ref
+        out.append((g, t["p"]))
+    return out
 
 
 def _with_pass(est_se: tuple[float, float], df_n: float, units: np.ndarray

@@ -7,7 +7,7 @@ B = "grpo_P128_G8_sqrt"
 print("| seed spread (log N*) | exact-score jitter | null FWER | T/T0 coverage (null) | power r_N=1.3 | power r_N=1.5 | median min_detectable_r_N | median seeds for 1.3 |")
 print("|---|---|---|---|---|---|---|---|")
 for sd, jit in ((0.11, 0.0), (0.18, 0.0), (0.2, 0.0), (0.2, 0.002), (0.23, 0.0), (0.23, 0.002)):
-    d = dataclasses.replace(cal.DEFAULT, seed_sd=sd, eval_jitter=jit)
+    d = dataclasses.replace(cal.ONE_WARM_START_12, seed_sd=sd, eval_jitter=jit)
     n = cal.fast_rates(d, 400, seed=1)
     r3 = cal.fast_rates(d, 400, seed=2, r_N={B: 1.3})
     r5 = cal.fast_rates(d, 400, seed=3, r_N={B: 1.5})

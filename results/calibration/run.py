@@ -19,7 +19,7 @@ ap.add_argument("--full_sweeps", type=int, default=200)
 ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "rates.json"))
 a = ap.parse_args()
 out = {}
-for name, d in (("default", cal.DEFAULT), ("sampled_3_seeds", cal.SAMPLED_3_SEEDS),
+for name, d in (("default", cal.ONE_WARM_START_12), ("sampled_3_seeds", cal.SAMPLED_3_SEEDS),
                 ("powered", cal.POWERED)):
     t0 = time.time()
     row = {"fast": {"null": cal.fast_rates(d, a.fast_sweeps, seed=100)}}

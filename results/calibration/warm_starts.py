@@ -1,6 +1,7 @@
 """Warm-starts and machine states in the calibration: the family-wise error, power and
-coverage of the default design (one warm-start, one timing pass) against warm-starts as
-blocks (one timing pass per warm-start), 400 simulated sweeps per arm through
+coverage of the design before warm-start blocks (one warm-start, one timing pass) against
+warm-starts as blocks (one timing pass per warm-start; the default study since), 400
+simulated sweeps per arm through
 `familywise.sweep_tests`, with Wilson 95% intervals. Run from the repository root:
 
     python results/calibration/warm_starts.py > results/calibration/warm_starts.md
@@ -15,15 +16,21 @@ import dataclasses
 from jaxrl_scale.scaling import calibration as cal
 
 N, BIG, TAU, STATE = 400, "grpo_P128_G8_sqrt", 0.08, 0.045
-D = cal.DEFAULT
+D = cal.ONE_WARM_START_12
 DESIGNS = [
-    ("1 warm-start x 12 seeds, one pass (today's default)", D),
+    ("1 warm-start x 12 seeds, one pass (the default before warm-start blocks)", D),
     ("the same, pass in another machine state", dataclasses.replace(D, state_sd=STATE)),
     ("the same, with the interaction tau", dataclasses.replace(D, state_sd=STATE, tau=TAU)),
     ("12 warm-starts x 1 seed, a pass per warm-start, tau, state",
      dataclasses.replace(D, state_sd=STATE, tau=TAU, warm_starts=12, seeds=1)),
     ("7 warm-starts x 3 seeds, a pass per warm-start, tau, state",
      dataclasses.replace(D, state_sd=STATE, tau=TAU, warm_starts=7, seeds=3)),
+    ("**the default: 6 warm-starts x 2 seeds, a one-block pass per warm-start, tau, state, "
+     "seed SD 0.11**", cal.DEFAULT),
+    ("the default at seed SD 0.18 (the spread at a half-way target)",
+     dataclasses.replace(cal.DEFAULT, seed_sd=0.18)),
+    ("the default at tau 0.16 (twice the measured interaction)",
+     dataclasses.replace(cal.DEFAULT, tau=2 * TAU)),
 ]
 
 
