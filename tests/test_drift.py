@@ -6,7 +6,7 @@ import pytest
 
 from jaxrl_scale import scaling
 from jaxrl_scale.scaling import drift, stats
-from jaxrl_scale.scaling.synthetic import write_synthetic_run
+from jaxrl_scale.scaling.synthetic import SyntheticRun, write_synthetic_run
 
 
 def test_block_bootstrap_keeps_slow_spells_together():
@@ -22,9 +22,9 @@ def test_block_bootstrap_keeps_slow_spells_together():
 def _sweep(root, timing):
     for name, b, q in (("grpo_B64_sqrt", 64, 20.0), ("grpo_B128_sqrt", 128, 10.0)):
         for k in range(3):   # same samples; B128's seeds ran in a busy spell: half the q
-            write_synthetic_run(str(root), f"{name}_s{k}", b, 4000 * (1 + 0.05 * k), q,
+            write_synthetic_run(str(root), SyntheticRun(f"{name}_s{k}", b, 4000 * (1 + 0.05 * k), q,
                                 seed=k, steps=100, extra_config={"base_batch": 64},
-                                step_jitter=0.02, noise_seed=k)
+                                step_jitter=0.02, noise_seed=k))
     if timing:   # the interleaved pass: the same per-response cost at both batches
         rng = np.random.default_rng(1)
         ent = [{"batch": b, "gen_batch_ratio": 1,

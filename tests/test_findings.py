@@ -115,13 +115,14 @@ def test_summary_round_trips_and_recorded_summaries_load():
 
     from jaxrl_scale.scaling import analyze_sweep
     from jaxrl_scale.scaling.summary import Summary
-    from jaxrl_scale.scaling.synthetic import write_synthetic_run
+    from jaxrl_scale.scaling.synthetic import SyntheticRun, write_synthetic_run
     with tempfile.TemporaryDirectory() as root:
         for b, q in ((32, 100), (64, 160)):
             for s in (0, 1):
-                write_synthetic_run(root, f"grpo_P{b // 8}G8_sqrt_s{s}", b, 2000, q, steps=60,
+                write_synthetic_run(root, SyntheticRun(
+                    f"grpo_P{b // 8}G8_sqrt_s{s}", b, 2000, q, steps=60,
                                     eval_every=5, seed=s, eval_n=400, noise_seed=s + b,
-                                    gen_s=(0.1, 1e-3), extra_config={"base_batch": 32})
+                                    gen_s=(0.1, 1e-3), extra_config={"base_batch": 32}))
         d = json.loads(json.dumps(analyze_sweep(root, "auto", n_boot=50)))
     s = Summary.from_json(d)
     assert s.to_json() == d and Summary.from_json(s.to_json()) == s

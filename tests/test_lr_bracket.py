@@ -45,12 +45,12 @@ def test_summary_and_report_carry_the_bracket(tmp_path):
     and the report's first lines warn."""
     import json
     from jaxrl_scale.experiment.analyze import analyze_and_report
-    from jaxrl_scale.scaling.synthetic import write_synthetic_run
+    from jaxrl_scale.scaling.synthetic import SyntheticRun, write_synthetic_run
     for b, spread in ((64, 0.1), (128, 0.2)):
         for k in (0, 1):
-            write_synthetic_run(str(tmp_path), f"grpo_B{b}_sqrt_s{k}", b,
+            write_synthetic_run(str(tmp_path), SyntheticRun(f"grpo_B{b}_sqrt_s{k}", b,
                                 10000 * (1 + spread * k), 10, seed=k,
-                                extra_config={"base_batch": 64})
+                                extra_config={"base_batch": 64}))
     with open(tmp_path / "lr_tune.json", "w") as f:
         json.dump({"tuned": {"grpo": {"lr": 1e-4, "scores": {"0.0001": 0.24, "0.0002": 0.221,
                                                              "0.0003": 0.176}}}}, f)

@@ -11,7 +11,7 @@ from jaxrl_scale import scaling
 from jaxrl_scale import report
 from jaxrl_scale.experiment.analyze import analyze_and_report
 from jaxrl_scale.scaling import analysis, step_cost, io as sio
-from jaxrl_scale.scaling.synthetic import write_synthetic_run
+from jaxrl_scale.scaling.synthetic import SyntheticRun, write_synthetic_run
 from jaxrl_scale.scaling.throughput import step_costs
 
 D0, D1 = 0.01, 1e-4   # true t_gen(B_gen) = D0 + D1 * B_gen
@@ -29,10 +29,10 @@ def write_config(root, name, batch, *, k=1, q=300.0, seeds=3, noise=0, rollout=N
     extra = {"base_batch": 32, "gen_batch_ratio": k, "batch_gen": k * batch}
     for s in range(seeds):
         d = write_synthetic_run(
-            root, f"{name}_s{s}", batch, 1, q, curve=curve, eval_n=4000,
+            root, SyntheticRun(f"{name}_s{s}", batch, 1, q, curve=curve, eval_n=4000,
             noise_seed=zlib.crc32(f"{name}/{s}/{noise}".encode()), steps=24000 // batch,
             eval_every=max(1, 1024 // batch), step_jitter=0.1, seed=s,
-            gen_s=(D0 / k, D1), extra_config=extra)
+            gen_s=(D0 / k, D1), extra_config=extra))
         if rollout:
             path = os.path.join(d, "metrics.jsonl")
             recs = [json.loads(line) for line in open(path)]

@@ -12,7 +12,7 @@ import pytest
 
 from jaxrl_scale.scaling import io as sio
 from jaxrl_scale.scaling import noise, planner, step_cost
-from jaxrl_scale.scaling.synthetic import write_synthetic_run
+from jaxrl_scale.scaling.synthetic import SyntheticRun, write_synthetic_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -140,9 +140,10 @@ def _write_probe(root, steps=400, seed=0):
     """Synthetic probe at B0 (N* = half the run) whose logged norms have |G|^2 = 1 and
     tr(Sigma) = B_CRIT: B_simple = B_crit = 512."""
     n_star = steps * B0 / 2
-    d = write_synthetic_run(str(root), "probe_s0", B0, n_star=n_star, q=100.0, steps=steps,
+    d = write_synthetic_run(str(root), SyntheticRun(
+        "probe_s0", B0, n_star=n_star, q=100.0, steps=steps,
                             eval_every=10, extra_config={"micro_batches": N_MICRO,
-                                                         "group_size": 8})
+                                                         "group_size": 8}))
     rng = np.random.default_rng(seed)
     b_small = B0 // N_MICRO
     g = np.full(DIM, 1 / math.sqrt(DIM))

@@ -14,7 +14,7 @@ import pytest
 from jaxrl_scale.experiment.analyze import analyze_and_report
 from jaxrl_scale.scaling import readers
 from jaxrl_scale.scaling.analysis import AnalysisError
-from jaxrl_scale.scaling.synthetic import write_synthetic_run
+from jaxrl_scale.scaling.synthetic import SyntheticRun, write_synthetic_run
 
 TARGET = 0.5
 # (batch, N*, q): r_N 1, 1, 1.2; r_q 1, 1.5, 2.4; T/T0 1, 1/1.5, 0.5 (as tests/test_scaling.py)
@@ -316,7 +316,7 @@ def test_verl_chosen_score_key(tmp_path):
 def test_mixed_frameworks_refused_and_format_selects(tmp_path):
     write_verl_run(tmp_path, "v_s0", 64, 8, 10000, 10.0)
     write_trl_run(tmp_path, "t_s0", 16, 4, 8, 10000, 10.0)
-    write_synthetic_run(str(tmp_path), "j_s0", 512, 10000, 10.0)
+    write_synthetic_run(str(tmp_path), SyntheticRun("j_s0", 512, 10000, 10.0))
     with pytest.raises(readers.ReaderError) as e:
         readers.read_sweep_dir(str(tmp_path))
     assert e.value.field == "format" and "jaxrl: j_s0; trl: t_s0; verl: v_s0" in str(e.value)
@@ -328,8 +328,8 @@ def test_mixed_frameworks_refused_and_format_selects(tmp_path):
 
 
 def test_own_sweeps_read_as_before(tmp_path):
-    write_synthetic_run(str(tmp_path), "grpo_B512_sqrt_s0", 512, 10000, 10.0)
-    write_synthetic_run(str(tmp_path), "grpo_B1024_sqrt_s0", 1024, 10000, 15.0)
+    write_synthetic_run(str(tmp_path), SyntheticRun("grpo_B512_sqrt_s0", 512, 10000, 10.0))
+    write_synthetic_run(str(tmp_path), SyntheticRun("grpo_B1024_sqrt_s0", 1024, 10000, 15.0))
     sweep = readers.read_sweep_dir(str(tmp_path))
     assert sweep.format == "jaxrl" and len(sweep.runs) == 2
     # the synthetic linear curves pass 1 late in the run (no accuracy does): score_range=None
@@ -457,7 +457,7 @@ def test_verl_tensorboard_known_answer(tmp_path):
     run = next(r for r in readers.read_sweep_dir(root).runs if r.name == "grpo_B512_s0")
     assert any(w.startswith(f"{p}: truncated after ") for w in run.warnings), run.warnings
     # our own runs keep their tensorboard/ copy of metrics.jsonl: still ours
-    write_synthetic_run(str(tmp_path / "own"), "grpo_B512_s0", 512, 10000, 10.0)
+    write_synthetic_run(str(tmp_path / "own"), SyntheticRun("grpo_B512_s0", 512, 10000, 10.0))
     os.makedirs(tmp_path / "own" / "grpo_B512_s0" / "tensorboard")
     open(tmp_path / "own" / "grpo_B512_s0" / "tensorboard" / "events.out.tfevents.1.h",
          "wb").close()
@@ -882,7 +882,7 @@ def test_each_layout_detected_as_its_own(tmp_path):
     write_tb_run(r, "tb_s0", 512, 10.0, 10000)
     _to_csv(os.path.join(r, "wandb_s0.csv"), wandb_history(512, 10.0, 10000))
     write_openrlhf_wandb_export(os.path.join(r, "wandbdir_s0"), 512, 10.0, 10000)
-    write_synthetic_run(r, "jaxrl_s0", 512, 10000, 10.0)
+    write_synthetic_run(r, SyntheticRun("jaxrl_s0", 512, 10000, 10.0))
     want = {"trl_s0": "trl", "verl_s0": "verl", "verltb_s0": "verl", "openrlhf_s0": "openrlhf",
             "prime_s0": "prime-rl", "tb_s0": "tensorboard", "wandb_s0.csv": "wandb",
             "wandbdir_s0": "wandb", "jaxrl_s0": "jaxrl"}
@@ -992,8 +992,8 @@ def test_cli_imports_no_jax(tmp_path):
     root = verl_sweep(tmp_path / "verl")
     mixed = tmp_path / "mixed"
     for b, task in ((512, "arithmetic"), (1024, "gsm8k")):
-        write_synthetic_run(str(mixed), f"grpo_B{b}_sqrt_s0", b, 10000, 10.0,
-                            extra_config={"task": task})
+        write_synthetic_run(str(mixed), SyntheticRun(f"grpo_B{b}_sqrt_s0", b, 10000, 10.0,
+                            extra_config={"task": task}))
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     res = subprocess.run([sys.executable, "-c", _NO_JAX, f"--sweep_dir={root} --ci_level=2",
                           f"--sweep_dir={mixed} --format=jaxrl",
@@ -1039,18 +1039,19 @@ def test_mixed_tasks_refused_ours(tmp_path):
     """config.json task + task_kwargs: 2-digit arithmetic is not 4-digit arithmetic; a run
     whose config names no task (an older log) joins either."""
     for b, digits in ((512, 2), (1024, 2), (2048, 4)):
-        write_synthetic_run(str(tmp_path), f"grpo_B{b}_sqrt_s0", b, 10000, 10.0,
+        write_synthetic_run(str(tmp_path), SyntheticRun(f"grpo_B{b}_sqrt_s0", b, 10000, 10.0,
                             extra_config={"task": "arithmetic",
-                                          "task_kwargs": {"digits": digits, "ops": "+-"}})
+                                          "task_kwargs": {"digits": digits, "ops": "+-"}}))
     msg = _mixed(tmp_path)
     assert ('(run grpo_B1024_sqrt_s0: arithmetic {"digits":2,"ops":"+-"}; run '
             'grpo_B2048_sqrt_s0: arithmetic {"digits":4,"ops":"+-"})') in msg, msg
     # --format=jaxrl reads through analysis.load_runs: refused there too
     with pytest.raises(readers.ReaderError, match="^task: .* mixes runs of different tasks"):
         analyze_and_report(str(tmp_path), TARGET, fmt="jaxrl")
-    write_synthetic_run(str(tmp_path), "grpo_B2048_sqrt_s0", 2048, 12000, 24.0)  # no task
-    write_synthetic_run(str(tmp_path), "grpo_B4096_sqrt_s0", 4096, 12000, 24.0,
-                        config=False)
+    # no task
+    write_synthetic_run(str(tmp_path), SyntheticRun("grpo_B2048_sqrt_s0", 2048, 12000, 24.0))
+    write_synthetic_run(str(tmp_path), SyntheticRun("grpo_B4096_sqrt_s0", 4096, 12000, 24.0,
+                        config=False))
     sweep = readers.read_sweep_dir(str(tmp_path))
     assert len(sweep.runs) == 4
     assert [readers.task_of(r) for r in sweep.runs].count(None) == 2

@@ -15,7 +15,7 @@ from jaxrl_scale import scaling
 from jaxrl_scale import report
 from jaxrl_scale.experiment.analyze import analyze_and_report
 from jaxrl_scale.scaling import findings
-from jaxrl_scale.scaling.synthetic import write_synthetic_run
+from jaxrl_scale.scaling.synthetic import SyntheticRun, write_synthetic_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "experiments", "analyze.py")
@@ -48,11 +48,12 @@ def _noisy(root, name, batch, q, j, *, seeds=(0, 1), budget=6000, lr_rule="sqrt"
         kw["group_size"] = group_size
     steps = int(budget // batch)
     for s in seeds:
-        d = write_synthetic_run(root, f"{name}_s{s}", batch, 0, q, curve=j, steps=steps,
+        d = write_synthetic_run(root, SyntheticRun(
+            f"{name}_s{s}", batch, 0, q, curve=j, steps=steps,
                                 eval_every=max(1, steps // 30), lr_rule=lr_rule, algo=algo,
                                 seed=s, eval_n=eval_n,
                                 noise_seed=zlib.crc32(f"{name}_{s}".encode()),
-                                step_jitter=0.05, gen_s=(0.1, 1e-3), extra_config=kw)
+                                step_jitter=0.05, gen_s=(0.1, 1e-3), extra_config=kw))
         if train_s:
             _add_train_s(d, 0.01, 5e-3, batch)
 
@@ -217,8 +218,8 @@ def test_underpowered_when_eval_noise_is_large(tmp_path):
 
 
 def test_report_lists_figures_without_data(tmp_path):
-    write_synthetic_run(tmp_path, "a_sqrt", 256, 5000, 10, grad_norm=None)
-    write_synthetic_run(tmp_path, "b_sqrt", 512, 5000, 12, grad_norm=None)
+    write_synthetic_run(tmp_path, SyntheticRun("a_sqrt", 256, 5000, 10, grad_norm=None))
+    write_synthetic_run(tmp_path, SyntheticRun("b_sqrt", 512, 5000, 12, grad_norm=None))
     s = scaling.analyze_sweep(str(tmp_path), 0.5, n_boot=50)
     md = open(report.render(s, str(tmp_path))).read()
     assert "grad_norm.png: fewer than 2 batches" in md
@@ -227,17 +228,17 @@ def test_report_lists_figures_without_data(tmp_path):
 
 def _sweep(root):
     """Noise-free linear curves: known N*, q (N* = n_star, q = q)."""
-    write_synthetic_run(root, "grpo_B512_sqrt_s0", 512, 10000, 10)
-    write_synthetic_run(root, "grpo_B512_sqrt_s1", 512, 11000, 10, seed=1)
-    write_synthetic_run(root, "grpo_B1024_sqrt_s0", 1024, 10000, 15)
-    write_synthetic_run(root, "grpo_B2048_sqrt_s0", 2048, 12000, 24)
-    write_synthetic_run(root, "grpo_B4096_sqrt_s0", 4096, 12000, 30, cap=0.4)
-    write_synthetic_run(root, "grpo_B1024_fixed_s0", 1024, 16000, 15, lr_rule="fixed")
+    write_synthetic_run(root, SyntheticRun("grpo_B512_sqrt_s0", 512, 10000, 10))
+    write_synthetic_run(root, SyntheticRun("grpo_B512_sqrt_s1", 512, 11000, 10, seed=1))
+    write_synthetic_run(root, SyntheticRun("grpo_B1024_sqrt_s0", 1024, 10000, 15))
+    write_synthetic_run(root, SyntheticRun("grpo_B2048_sqrt_s0", 2048, 12000, 24))
+    write_synthetic_run(root, SyntheticRun("grpo_B4096_sqrt_s0", 4096, 12000, 30, cap=0.4))
+    write_synthetic_run(root, SyntheticRun("grpo_B1024_fixed_s0", 1024, 16000, 15, lr_rule="fixed"))
     # Second seeds, 1.1x the samples like the reference's: seed-paired family-wise tests
     for name, b, n, q, rule in (("grpo_B1024_sqrt", 1024, 10000, 15, "sqrt"),
                                 ("grpo_B2048_sqrt", 2048, 12000, 24, "sqrt"),
                                 ("grpo_B1024_fixed", 1024, 16000, 15, "fixed")):
-        write_synthetic_run(root, f"{name}_s1", b, 1.1 * n, q, seed=1, lr_rule=rule)
+        write_synthetic_run(root, SyntheticRun(f"{name}_s1", b, 1.1 * n, q, seed=1, lr_rule=rule))
     os.makedirs(os.path.join(root, "crashed"))
     return str(root)
 

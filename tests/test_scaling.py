@@ -9,7 +9,7 @@ import pytest
 
 from jaxrl_scale import scaling
 from jaxrl_scale.scaling import io as sio, time_to_target as ttt
-from jaxrl_scale.scaling.synthetic import write_synthetic_run
+from jaxrl_scale.scaling.synthetic import SyntheticRun, write_synthetic_run
 from jaxrl_scale.scaling.step_cost import fit_linear_time
 from jaxrl_scale.scaling.throughput import critical_generation_batch, throughput_gains
 
@@ -42,13 +42,13 @@ def test_throughput_and_time_at():
 
 
 def _sweep(root, seeds=False):
-    write_synthetic_run(root, "grpo_B512_sqrt_s0", 512, 10000, 10)
-    write_synthetic_run(root, "grpo_B1024_sqrt_s0", 1024, 10000, 15)
-    write_synthetic_run(root, "grpo_B2048_sqrt_s0", 2048, 12000, 24)
-    write_synthetic_run(root, "grpo_B4096_sqrt_s0", 4096, 12000, 30, cap=0.4)
-    write_synthetic_run(root, "grpo_B1024_fixed_s0", 1024, 16000, 15, lr_rule="fixed")
+    write_synthetic_run(root, SyntheticRun("grpo_B512_sqrt_s0", 512, 10000, 10))
+    write_synthetic_run(root, SyntheticRun("grpo_B1024_sqrt_s0", 1024, 10000, 15))
+    write_synthetic_run(root, SyntheticRun("grpo_B2048_sqrt_s0", 2048, 12000, 24))
+    write_synthetic_run(root, SyntheticRun("grpo_B4096_sqrt_s0", 4096, 12000, 30, cap=0.4))
+    write_synthetic_run(root, SyntheticRun("grpo_B1024_fixed_s0", 1024, 16000, 15, lr_rule="fixed"))
     if seeds:
-        write_synthetic_run(root, "grpo_B1024_sqrt_s1", 1024, 12000, 15, seed=1)
+        write_synthetic_run(root, SyntheticRun("grpo_B1024_sqrt_s1", 1024, 12000, 15, seed=1))
     os.makedirs(os.path.join(root, "crashed"))
     return str(root)
 
@@ -112,7 +112,7 @@ def test_seed_mean_std_and_group_reference(tmp_path):
 
 
 def test_batch_from_increments_without_config(tmp_path):
-    d = write_synthetic_run(tmp_path, "ext_run", 256, 5000, 7, config=False)
+    d = write_synthetic_run(tmp_path, SyntheticRun("ext_run", 256, 5000, 7, config=False))
     # drop every other training record: batch must still be 256 per step
     lines = open(os.path.join(d, "metrics.jsonl")).read().splitlines()
     kept = [ln for ln in lines if "score" in ln or json.loads(ln)["step"] % 2 == 0]
@@ -181,9 +181,9 @@ def test_clear_errors(tmp_path):
 
 
 def test_default_reference_prefers_sqrt(tmp_path):
-    write_synthetic_run(tmp_path, "a_fixed", 256, 10000, 10, lr_rule="fixed")
-    write_synthetic_run(tmp_path, "b_sqrt", 512, 10000, 10)
-    write_synthetic_run(tmp_path, "c_sqrt", 1024, 10000, 10)
+    write_synthetic_run(tmp_path, SyntheticRun("a_fixed", 256, 10000, 10, lr_rule="fixed"))
+    write_synthetic_run(tmp_path, SyntheticRun("b_sqrt", 512, 10000, 10))
+    write_synthetic_run(tmp_path, SyntheticRun("c_sqrt", 1024, 10000, 10))
     assert scaling.analyze_sweep(str(tmp_path), TARGET)["reference"] == "b_sqrt"
 
 

@@ -207,7 +207,7 @@ def test_sweep_that_lost_a_run_says_so(tmp_path, monkeypatch):
     first line says the sweep is incomplete, and the command's exit status is 3. Runs are
     synthetic (no training): what is tested is the sweep's accounting."""
     from jaxrl_scale.experiment.metrics import CorruptMetricsError, MetricsLog
-    from jaxrl_scale.scaling.synthetic import write_synthetic_run
+    from jaxrl_scale.scaling.synthetic import SyntheticRun, write_synthetic_run
     sweep = SweepConfig(sweep_dir=str(tmp_path / "sweep"), prompts=(4, 8, 16), group_sizes=(2,),
                         base_prompts=0, lr_rules=("sqrt",), fixed_prompts=(), pairs=(),
                         seeds=(0, 1), max_responses=320, eval_every_responses=32,
@@ -220,9 +220,10 @@ def test_sweep_that_lost_a_run_says_so(tmp_path, monkeypatch):
     def synthetic_training(cfg, **kw):
         MetricsLog(os.path.join(cfg.run_dir, "metrics.jsonl")).read()   # as a resume does
         root, name = os.path.split(cfg.run_dir)
-        write_synthetic_run(root, name, cfg.batch_train, n_star=40.0 * cfg.batch_train ** 0.5,
+        write_synthetic_run(root, SyntheticRun(
+            name, cfg.batch_train, n_star=40.0 * cfg.batch_train ** 0.5,
                             q=50.0, steps=320 // cfg.batch_train, eval_every=1, cap=0.9,
-                            seed=cfg.seed, noise_seed=cfg.seed, eval_n=200)
+                            seed=cfg.seed, noise_seed=cfg.seed, eval_n=200))
         with open(os.path.join(cfg.run_dir, "DONE.json"), "w") as f:
             json.dump({"step": 1}, f)
         return {"finished": True}

@@ -12,7 +12,7 @@ import pytest
 
 from jaxrl_scale import scaling
 from jaxrl_scale.scaling import stats
-from jaxrl_scale.scaling.synthetic import write_synthetic_run
+from jaxrl_scale.scaling.synthetic import SyntheticRun, write_synthetic_run
 
 EVAL_N = 4000
 
@@ -26,11 +26,12 @@ def write_config(root, name, batch, *, cost=1.0, seeds=3, q=300.0, base_batch=32
                  lr_rule="sqrt", budget=24000, noise=0, eval_n=EVAL_N, extra=None):
     for s in range(seeds):
         write_synthetic_run(
-            root, f"{name}_s{s}", batch, 1, q, curve=lambda n: curve(n, cost), eval_n=eval_n,
+            root, SyntheticRun(
+                f"{name}_s{s}", batch, 1, q, curve=lambda n: curve(n, cost), eval_n=eval_n,
             noise_seed=zlib.crc32(f"{name}/{s}/{noise}".encode()), steps=int(budget / batch),
             eval_every=max(1, 1024 // batch), step_jitter=0.1, seed=s, algo=algo,
             lr_rule=lr_rule, gen_s=(0.01, 1e-4),
-            extra_config={"base_batch": base_batch, "max_grad_norm": 1.0, **(extra or {})})
+            extra_config={"base_batch": base_batch, "max_grad_norm": 1.0, **(extra or {})}))
 
 
 @pytest.mark.parametrize("trial", range(3))
@@ -158,9 +159,9 @@ def test_seeds_that_miss_are_not_dropped(tmp_path):
     at its budget, far beyond the others' N*), calls it slower."""
     write_config(tmp_path, "grpo_B32_sqrt", 32)
     write_config(tmp_path, "grpo_B64_sqrt", 64, seeds=2)
-    write_synthetic_run(tmp_path, "grpo_B64_sqrt_s2", 64, 1, 300, curve=lambda n: 0.3,
+    write_synthetic_run(tmp_path, SyntheticRun("grpo_B64_sqrt_s2", 64, 1, 300, curve=lambda n: 0.3,
                         eval_n=EVAL_N, noise_seed=5, steps=300, eval_every=16, seed=2,
-                        extra_config={"base_batch": 32})
+                        extra_config={"base_batch": 32}))
     s = scaling.analyze_sweep(str(tmp_path), target=0.45)
     c = s["configs"]["grpo_B64_sqrt"]
     assert (c["verdict"], c["seeds"], c["seeds_reached"]) == ("slower", 3, 2)

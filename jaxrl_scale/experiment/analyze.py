@@ -35,7 +35,8 @@ def analyze_and_report(sweep_dir: str | None, target, reference: str | None = No
     runs, skipped = _load(sweep_dir, extra, fmt, overrides or {})
     readers.check_one_task(runs, sweep_dir)   # --format=jaxrl and --csv runs too
     sio.check_scores(runs, score_range)
-    summary = analysis.analyze(runs, target, reference, tolerance, fit_sigmoid,
+    summary = analysis.analyze(runs, target, reference, tolerance=tolerance,
+                               fit_sigmoid=fit_sigmoid,
                                skipped=skipped, sweep_dir=sweep_dir, **kwargs)
     plans = analysis.sweep_dirs(sweep_dir)
     if out is None and len(analysis.sweep_dirs(sweep_dir)) > 1:

@@ -48,6 +48,7 @@ from jaxrl_scale.scaling.summary import AlgoSummary, ConfigStats, RunStats, Summ
 from jaxrl_scale.scaling.configs import (compose_configs, config_stats,  # noqa: F401
                                          critical_training_batch, single_run_reference)
 from jaxrl_scale.scaling.verdicts import VERDICTS  # noqa: F401
+from jaxrl_scale.scaling.run_stats import auto_target, eval_noise, run_stats  # noqa: F401
 from jaxrl_scale.scaling.verdicts import interval as _ci
 from jaxrl_scale.scaling.throughput import step_costs
 
@@ -79,85 +80,6 @@ def write_summary(out_dir: str, summary) -> str:
 
 
 # ----------------------------------------------------------------------------- per run
-
-
-def eval_noise(run: Run) -> tuple[np.ndarray, str, float | None]:
-    """(SE of each eval score, source, the curve's own jitter SE).
-
-    The measured SE is ``eval_se`` (within-prompt sampling noise on a fixed prompt set) or,
-    from ``eval_n``, binomial. A policy that fluctuates between updates makes the curve jitter
-    more than its evals' sampling noise, so the SE used is never below the jitter estimated
-    from the curve's second differences (with >= 5 evals); without a measured SE, the jitter
-    alone (said so in the source).
-    """
-    n, s = run.eval_curve()
-    se = np.full(n.size, np.nan)
-    src = set()
-    for i, r in enumerate(run.evals):
-        if is_number(r.get("eval_se")) and r["eval_se"] > 0:
-            se[i] = r["eval_se"]
-            src.add("eval_se")
-        elif is_number(r.get("eval_n")) and r["eval_n"] > 0:
-            se[i] = float(stats.binomial_se(s[i], r["eval_n"]))
-            src.add("eval_n")
-    jitter = stats.noise_from_curve(n, s) if n.size >= 5 else None
-    if np.all(np.isfinite(se)):
-        if jitter:
-            se = np.maximum(se, jitter)
-        return se, "+".join(sorted(src)) or "none", jitter
-    jitter = stats.noise_from_curve(n, s)
-    fill = jitter if jitter and jitter > 0 else 1e-6
-    return np.where(np.isfinite(se), se, fill), "estimated from the curve", jitter
-
-
-def _durations(run: Run) -> np.ndarray:
-    t = np.array([r["time_s"] for r in run.train], dtype=float)
-    return np.diff(np.r_[0.0, t]) if t.size else np.zeros(0)
-
-
-def run_stats(run: Run, target: float, n_boot: int, rng: np.random.Generator,
-              level: float) -> tuple[dict, dict]:
-    """(JSON numbers, bootstrap arrays) of one run at ``target``."""
-    n, s = run.eval_curve()
-    se, src, jitter = eval_noise(run)
-    measured = [r.get("eval_se") or (float(stats.binomial_se(r["score"], r["eval_n"]))
-                                     if is_number(r.get("eval_n")) else None) for r in run.evals]
-    measured = [m for m in measured if is_number(m)]
-    out: dict[str, Any] = {"batch": run.batch, "n_evals": int(n.size), "eval_se_source": src,
-                           "eval_se": float(np.median(measured)) if measured else (
-                               float(np.median(se)) if se.size else None),
-                           "curve_jitter_se": jitter,
-                           "se_used": float(np.median(se)) if se.size else None,
-                           "start_score": float(s[0]) if s.size else None,
-                           "max_score": float(np.max(s)) if s.size else None,
-                           "final_score": float(s[-1]) if s.size else None}
-    total_t = max((r["time_s"] for r in run.train), default=0.0)
-    total_n = max((r["responses"] for r in run.train), default=0.0)
-    q_all = total_n / total_t if total_t > 0 else math.nan
-    if n.size == 0:
-        reps = {"N": np.full(n_boot, np.inf), "q": np.full(n_boot, q_all)}
-        out.update(N_star=None, N_star_raw=None, reached=False, q=or_none(q_all), T=None,
-                   smoothed_final=None, error="no eval records")
-        return out, reps
-    point, n_reps, fit = stats.bootstrap_crossing(n, s, se, target, n_boot, rng)
-    f = stats.block_time_factors(_durations(run), n_boot, rng)
-    t_point = float(ttt.time_at_many(run.train, [point])[0])
-    t_reps = ttt.time_at_many(run.train, n_reps) * f
-    q_reps = np.where(np.isfinite(n_reps), stats.ratio(n_reps, t_reps), q_all / f)
-    reached = math.isfinite(point)
-    q = point / t_point if reached and t_point > 0 else q_all
-    raw = ttt.n_star(n, s, target)
-    out.update(N_star=or_none(point), N_star_raw=raw, reached=reached,
-               N_star_ci=_ci(n_reps, level), q=or_none(q), q_ci=_ci(q_reps, level),
-               T=or_none(t_point) if reached else None, q_overall=or_none(q_all),
-               responses_total=float(total_n), smoothed_final=float(fit[-1]),
-               # N* of a run that did not reach is at least the responses it ran
-               censored_at=None if reached else float(total_n),
-               frac_replicates_reached=float(np.mean(np.isfinite(n_reps))),
-               # the run's own evals: the step-0 eval is shared by every run of a seed
-               evals_before_N_star=int(np.sum((n > 0) & (n < point))) if reached else None,
-               updates_to_target=or_none(point / run.batch) if run.batch and reached else None)
-    return out, {"N": n_reps, "q": q_reps, "fit": fit, "se": se}
 
 
 DEFAULT_TARGET_FRACTION = 0.5
@@ -208,21 +130,6 @@ def power_and_evals(fw: dict, ci_level: float, primary: str, per_run: dict) -> d
     out["power"] = {algo: Power(**p, evals_before_N_star=evals_before_n_star(
         per_run, algo, MIN_EVALS_BEFORE_N_STAR)) for algo, p in out["power"].items()}
     return out
-
-
-def auto_target(ref_stats: Sequence[dict], fraction: float, min_se: float = 3.0
-                ) -> tuple[float, dict]:
-    """start + max(fraction * (reliably reached - start), min_se * SE): start = mean first
-    eval of the reference's seeds, reliably reached = the lowest final value of their monotone
-    fits, SE = their median eval SE. The floor keeps a reference that barely learned from
-    "reaching" a target that sits in the noise at its first eval."""
-    start = float(np.mean([x["start_score"] for x in ref_stats]))
-    reach = float(min(x["smoothed_final"] for x in ref_stats))
-    se = float(np.median([x["se_used"] for x in ref_stats]))
-    t = start + max(fraction * (reach - start), min_se * se)
-    return round(t, 4), {"rule": f"start + max({fraction:g} x (lowest final smoothed score of "
-                                 f"the reference's seeds - start), {min_se:g} eval SE)",
-                         "start": start, "reach": reach, "fraction": fraction, "se": se}
 
 
 def grad_norm_slopes(runs: Sequence[Run], ref: ConfigStats, n_boot: int, rng, level: float,
@@ -330,21 +237,127 @@ def warm_start_blocks(runs: Sequence[Run]) -> dict[str, str]:
     return {r.name: label[r.block] for r in runs if r.block}
 
 
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How the analysis decides (the knobs of `analyze`): interval level, bootstrap size, the
+    sample-cost tolerance of the critical batch, the auto target's fraction (None: the
+    study's own, `recorded_target_fraction`), the step-cost fit's minimum gain and the
+    grad-norm slope that counts as flat."""
+    ci_level: float = stats.CI_LEVEL
+    n_boot: int = 1000
+    tolerance: float = 0.25
+    fit_sigmoid: bool = False
+    target_fraction: float | None = None
+    min_gain: float = 0.10
+    flat_slope: float = -0.25
+
+
+@dataclasses.dataclass(frozen=True)
+class Targets:
+    """J* per algorithm (its rule when auto) and, with warm-start blocks, per (algo, block)."""
+    by_algo: dict[str, float]
+    rules: dict[str, dict]
+    by_block: dict[tuple[str, str], float]
+
+    def of(self, run: Run, block: str | None, primary: str) -> float:
+        t = self.by_algo.get(run.algo or "?", self.by_algo[primary])
+        return self.by_block.get((run.algo or "?", block), t)
+
+
+@dataclasses.dataclass
+class RunTable:
+    """Every run's statistics at its target (summary.json "runs", as dicts the family-wise
+    test reads) and their bootstrap replicates."""
+    stats: dict[str, dict]
+    reps: dict[str, dict]
+
+
+@dataclasses.dataclass
+class ConfigTable:
+    """Per config: its statistics, bootstrap replicates, bootstrap ratios against its
+    reference (`configs.config_stats`), and each run's step costs."""
+    stats: dict[str, dict]
+    reps: dict[str, dict]
+    boot: dict[str, dict]
+    costs: dict[str, dict]
+
+
+@dataclasses.dataclass(frozen=True)
+class Throughput:
+    """Where r_q comes from: the drift record, the one timing pass's ratios, and each
+    warm-start's own pass (None without warm-start passes)."""
+    drift: dict
+    offsets: dict
+    block_offsets: dict | None
+
+
 def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = None,
-                 tolerance: float = 0.25, fit_sigmoid: bool = False, *,
-                 skipped: Sequence[dict] = (), ci_level: float = stats.CI_LEVEL,
-                 n_boot: int = 1000, seed: int = 0, target_fraction: float | None = None,
-                 min_gain: float = 0.10, flat_slope: float = -0.25,
-            sweep_dir: str | None = None, timing: Sequence[dict] | None = None) -> Summary:
-    """The typed `Summary` of already-loaded runs (see :func:`analyze_sweep`). ``timing``: the
-    entries of an interleaved timing pass (`experiment.timing.time_batches`), which r_q then
-    prefers over the in-run step times (`scaling.drift`); read from ``sweep_dir`` when None.
-    ``sweep_dir`` also supplies the lr tuning record (lr_tune.json, `scaling.lr_bracket`) and
-    the study's ``target_fraction`` of the auto target (sweep.json) when none is given."""
+            settings: Settings | None = None, *, skipped: Sequence[dict] = (), seed: int = 0,
+            sweep_dir: str | None = None, timing: Sequence[dict] | None = None,
+            **knobs) -> Summary:
+    """The typed `Summary` of already-loaded runs (see :func:`analyze_sweep`): the stages
+    below, in order (the bootstrap draws of one rng, so their order is part of the result).
+    ``knobs``: `Settings` fields. ``timing``: the entries of an interleaved timing pass
+    (`experiment.timing.time_batches`), which r_q then prefers over the in-run step times
+    (`scaling.drift`); read from ``sweep_dir`` when None. ``sweep_dir`` also supplies the lr
+    tuning record (lr_tune.json, `scaling.lr_bracket`) and the study's target fraction
+    (sweep.json) when none is given."""
+    cfg = dataclasses.replace(settings or Settings(), **knobs)
+    if cfg.target_fraction is None:
+        cfg = dataclasses.replace(cfg, target_fraction=recorded_target_fraction(sweep_dir))
     target = parse_target(target)
-    if target_fraction is None:
-        target_fraction = recorded_target_fraction(sweep_dir)
     runs = list(runs)
+    warnings = check_runs(runs, target, cfg.ci_level)
+    refs = resolve_references(runs, reference)
+    check_references(refs)
+    rng = np.random.default_rng(seed)
+    blocks = warm_start_blocks(runs)
+    targets = set_targets(refs, blocks, target, cfg, rng)
+    table = run_table(runs, refs, blocks, targets, cfg, rng)
+    per_cfg = config_table(runs, table, refs, cfg, rng)
+    add_run_ratios(runs, table, per_cfg, refs)
+    tp = throughput(runs, blocks, per_cfg, refs, sweep_dir, timing, cfg.ci_level, warnings)
+    fw = familywise.sweep_tests(per_cfg.stats, table.stats, per_cfg.reps,
+                                {a: n for a, (n, _) in refs.items()}, cfg.ci_level,
+                                offsets=tp.offsets, block_offsets=tp.block_offsets)
+    drift_info = tp.drift
+    if tp.block_offsets is None:   # the one pass (if any) against the runs' own step times
+        drift_info = sdrift.with_disagreements(drift_info, {
+            g: f.r_q_in_run_test for g, f in fw["configs"].items()}, tp.offsets, cfg.ci_level)
+    cstats = compose_configs(per_cfg.stats, per_cfg.boot, fw["configs"],
+                             sdrift.pass_ratios(drift_info, tp.offsets))
+    per_algo, cstats = algo_summaries(runs, refs, table, per_cfg, cstats, targets,
+                                      fw["best_sets"], (cfg, rng))
+    primary = _primary(refs)
+    # Last: its bootstrap draws must not move the numbers above.
+    partial = partial_rollout(cstats, per_cfg.reps, sio.group_runs(runs), table.reps, rng,
+                              cfg.ci_level)
+    found = findings.source_findings(per_algo, cstats, per_cfg.reps, cfg.ci_level,
+                                     cfg.tolerance, primary,
+                                     per_algo[primary].critical_generation_batch)
+    dirs = sweep_dirs(sweep_dir)
+    one_dir = dirs[0] if len(dirs) == 1 else None
+    tuning = lr_bracket.read_lr_tuning(one_dir) if one_dir is not None else None
+    extras = lr_bracket.read_tuning_extras(one_dir) if one_dir is not None else {}
+    return Summary(
+        ci_level=cfg.ci_level, primary_algo=primary, algos=per_algo,
+        runs={n: RunStats.from_json(x) for n, x in table.stats.items()}, configs=cstats,
+        partial_rollout=partial, findings=tuple(found), tolerance=cfg.tolerance,
+        n_boot=cfg.n_boot, skipped=list(skipped), warnings=warnings, sweep_dir=sweep_dir,
+        familywise={k: fw[k] for k in ("families", "n_tests", "alpha", "margin", "method")},
+        **power_and_evals(fw, cfg.ci_level, primary, table.stats),
+        drift=Drift.from_json(drift_info),
+        # the primary algorithm's lr record, and all of them
+        lr_tuning=(tuning.get(primary) or next(iter(tuning.values()))) if tuning else None,
+        lr_tuning_by_algo=tuning or None,
+        lora=lora_configs(sio.group_runs(runs)) or None,
+        lr_tuning_per_batch=extras.get("per_batch") or None,
+        lr_tuning_cost=extras.get("cost") or None)
+
+
+def check_runs(runs: list[Run], target: float | str, ci_level: float) -> list[str]:
+    """AnalysisError for inputs no analysis can use; else the warnings about the rest (runs
+    without evals or a known batch: kept, and reported)."""
     if not runs:
         raise AnalysisError("no runs to analyse")
     names = [r.name for r in runs]
@@ -370,40 +383,58 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
         if not r.batch:
             warnings.append(f"{r.name}: batch per update unknown (no config.json batch keys "
                             "and no responses increments)")
-    refs = resolve_references(runs, reference)
+    return warnings
+
+
+def check_references(refs: dict[str, tuple[str, list[Run]]]) -> None:
     for algo, (name, rs) in refs.items():
         missing = [r.name for r in rs if not r.evals]
         if missing:
             raise AnalysisError(f"reference {name!r} has runs without eval records: {missing}")
-    rng = np.random.default_rng(seed)
-    groups = sio.group_runs(runs)
 
-    # Targets: one per algorithm (each is judged against its own reference) and, when the
-    # runs start from several warm-starts, one per warm-start block: the same rule on the
-    # block's own reference runs, as a study from that warm-start alone would set it.
-    blocks = warm_start_blocks(runs)
-    targets, target_rule, block_targets = {}, {}, {}
+
+def set_targets(refs: dict[str, tuple[str, list[Run]]], blocks: dict[str, str],
+                target: float | str, cfg: Settings, rng: np.random.Generator) -> Targets:
+    """One target per algorithm (each is judged against its own reference) and, when the
+    runs start from several warm-starts, one per warm-start block: the same rule on the
+    block's own reference runs, as a study from that warm-start alone would set it."""
+    by_algo, rules, by_block = {}, {}, {}
     for algo, (name, rs) in refs.items():
         if target == "auto":
-            probe = [run_stats(r, math.inf, 1, rng, ci_level)[0] for r in rs]
-            targets[algo], target_rule[algo] = auto_target(probe, target_fraction)
+            probe = [run_stats(r, math.inf, 1, rng, cfg.ci_level)[0] for r in rs]
+            by_algo[algo], rules[algo] = auto_target(probe, cfg.target_fraction)
             for b in sorted(set(blocks.values())):
                 mine = [p for r, p in zip(rs, probe) if blocks.get(r.name) == b]
                 if mine:
-                    block_targets[(algo, b)] = auto_target(mine, target_fraction)[0]
+                    by_block[(algo, b)] = auto_target(mine, cfg.target_fraction)[0]
         else:
-            targets[algo] = target
-    per_run, reps = {}, {}
+            by_algo[algo] = target
+    return Targets(by_algo, rules, by_block)
+
+
+def run_table(runs: list[Run], refs: dict, blocks: dict[str, str], targets: Targets,
+              cfg: Settings, rng: np.random.Generator) -> RunTable:
+    """`run_stats` of every run at its target, with its identity (config, seed, block, ...)."""
+    stats_, reps = {}, {}
+    primary = _primary(refs)
     for r in runs:
-        t = targets.get(r.algo or "?", targets[_primary(refs)])
-        t = block_targets.get((r.algo or "?", blocks.get(r.name)), t)
-        per_run[r.name], reps[r.name] = run_stats(r, t, n_boot, rng, ci_level)
-        per_run[r.name].update(group=r.group, seed=r.seed, block=blocks.get(r.name),
-                               lr_rule=r.lr_rule, algo=r.algo,
-                               batch_source=r.batch_source, batch_gen=r.batch_gen,
-                               gen_batch_ratio=r.gen_batch_ratio,
-                               target=t, clipped_update_fraction=clipped_update_fraction(r))
-    configs, creps, boot = config_stats(groups, per_run, reps, refs, rng, ci_level)
+        t = targets.of(r, blocks.get(r.name), primary)
+        stats_[r.name], reps[r.name] = run_stats(r, t, cfg.n_boot, rng, cfg.ci_level)
+        stats_[r.name].update(group=r.group, seed=r.seed, block=blocks.get(r.name),
+                              lr_rule=r.lr_rule, algo=r.algo,
+                              batch_source=r.batch_source, batch_gen=r.batch_gen,
+                              gen_batch_ratio=r.gen_batch_ratio,
+                              target=t, clipped_update_fraction=clipped_update_fraction(r))
+    return RunTable(stats_, reps)
+
+
+def config_table(runs: list[Run], table: RunTable, refs: dict, cfg: Settings,
+                 rng: np.random.Generator) -> ConfigTable:
+    """`configs.config_stats` of every config plus its step costs, clipping, rollout means,
+    noise scales and (fit_sigmoid) the ScaleRL curve fit."""
+    groups = sio.group_runs(runs)
+    per_run = table.stats
+    configs, creps, boot = config_stats(groups, per_run, table.reps, refs, rng, cfg.ci_level)
     costs = {r.name: step_costs(r) for r in runs}
     for g, rs in groups.items():
         st = configs[g]
@@ -420,29 +451,40 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
             bs = [z["b_simple"] for z in ns if z and is_number(z["b_simple"])]
             st[f"{who}_b_simple"] = float(np.mean(bs)) if bs else None
             st[f"{who}_b_simple_range"] = [min(bs), max(bs)] if bs else None
-        if fit_sigmoid:
+        if cfg.fit_sigmoid:
             fits = [ttt.fit_sigmoid(*r.eval_curve(), per_run[r.name]["target"]) for r in rs]
             for r, fz in zip(rs, fits):
                 per_run[r.name]["sigmoid"] = fz
             a = [fz["A"] for fz in fits if fz]
             st["sigmoid_A"] = float(np.mean(a)) if a else None
+    return ConfigTable(configs, creps, boot, costs)
 
-    # Per-run ratios against the point values of their algorithm's reference config.
+
+def add_run_ratios(runs: list[Run], table: RunTable, per_cfg: ConfigTable, refs: dict) -> None:
+    """Per-run r_N, r_q, T/T0 against the point values of their algorithm's reference config."""
+    ref_runs = {z.name for _, rs in refs.values() for z in rs}
     for r in runs:
-        x = per_run[r.name]
-        ref = configs.get(refs.get(r.algo or "?", (None,))[0]) or {}
+        x = table.stats[r.name]
+        ref = per_cfg.stats.get(refs.get(r.algo or "?", (None,))[0]) or {}
         r_n = x["N_star"] / ref["N_star"] if x["reached"] and ref.get("N_star") else None
         r_q = x["q"] / ref["q"] if is_number(x["q"]) and is_number(ref.get("q")) else None
         x.update(r_N=r_n, r_q=r_q,
                  T_over_T0=r_n / r_q if is_number(r_n) and is_number(r_q) and r_q else None,
-                 is_reference=r.name in {z.name for _, rs in refs.values() for z in rs})
+                 is_reference=r.name in ref_runs)
 
+
+def throughput(runs: list[Run], blocks: dict[str, str], per_cfg: ConfigTable, refs: dict,
+               sweep_dir: str | None, timing: Sequence[dict] | None, level: float,
+               warnings: list[str]) -> Throughput:
+    """r_q's source: each warm-start's own timing pass (every block timed), else the study's
+    one pass (``timing`` or SWEEP_DIR/timing.json), else the runs' own step times; appends a
+    warning when several studies are analysed together without per-warm-start passes."""
     dirs = sweep_dirs(sweep_dir)
     one_dir = dirs[0] if len(dirs) == 1 else None
-    in_run_r_q = {g: b["r_q"].value for g, b in boot.items()}
+    in_run_r_q = {g: b["r_q"].value for g, b in per_cfg.boot.items()}
     block_offsets = None
     if timing is None and blocks:   # one timing pass per warm-start, in its machine state
-        block_offsets = {b: sdrift.interleaved_r_q(t, configs, refs, ci_level)[1]
+        block_offsets = {b: sdrift.interleaved_r_q(t, per_cfg.stats, refs, level)[1]
                          for b, t in block_timing(runs, blocks).items()}
         if not block_offsets or set(block_offsets) != set(blocks.values()):
             block_offsets = None
@@ -451,24 +493,24 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
     elif timing is None and block_offsets is None and len(dirs) > 1:
         warnings.append(f"{len(dirs)} studies analysed together without a timing pass for "
                         "each warm-start: r_q from the runs' own step times")
-    drift_info, timing_offsets = sdrift.interleaved_r_q(timing, configs, refs, ci_level,
-                                                        in_run_r_q)
+    drift_info, offsets = sdrift.interleaved_r_q(timing, per_cfg.stats, refs, level,
+                                                 in_run_r_q)
     if block_offsets is not None:
         drift_info = {**drift_info, "controlled": True,
                       "r_q_source": "each warm-start's timing pass",
                       "note": BLOCK_PASSES_NOTE.format(n=len(block_offsets))}
-    # Family-wise verdicts and fastest sets (scaling.familywise): their t estimates become
-    # the headline ratios, the bootstrap ones stay beside them (values.ConfigRatios).
-    fw = familywise.sweep_tests(configs, per_run, creps,
-                                {a: n for a, (n, _) in refs.items()}, ci_level,
-                                offsets=timing_offsets, block_offsets=block_offsets)
-    if block_offsets is None:   # the one pass (if any) against the runs' own step times
-        drift_info = sdrift.with_disagreements(drift_info, {
-            g: f.r_q_in_run_test for g, f in fw["configs"].items()}, timing_offsets, ci_level)
-    cstats = compose_configs(configs, boot, fw["configs"],
-                             sdrift.pass_ratios(drift_info, timing_offsets))
-    best = fw["best_sets"]
-    primary = _primary(refs)
+    return Throughput(drift_info, offsets, block_offsets)
+
+
+def algo_summaries(runs: list[Run], refs: dict, table: RunTable, per_cfg: ConfigTable,
+                   cstats: dict[str, ConfigStats], targets: Targets,
+                   best_sets: dict[str, list[str]], how: tuple[Settings, np.random.Generator]
+                   ) -> tuple[dict[str, AlgoSummary], dict[str, ConfigStats]]:
+    """Per algorithm: its reference, target, noise, critical batches, grad-norm slopes,
+    step-cost regime and fastest set; and every config's curve invariance against its
+    reference (returned in the configs)."""
+    cfg, rng = how
+    per_run, groups = table.stats, sio.group_runs(runs)
     per_algo, invariances = {}, {}
     for algo, (name, rs) in refs.items():
         ref = cstats.get(name) or single_run_reference(per_run[name], rs[0])
@@ -478,62 +520,43 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
         start = float(np.mean([per_run[z.name]["start_score"] for z in rs]))
         for g, grs in groups.items():
             if (grs[0].algo or "?") == algo and g != name:
-                invariances[g] = invariance(grs, rs, reps, rng, ci_level)
-        per_algo[algo] = {
+                invariances[g] = invariance(grs, rs, table.reps, rng, cfg.ci_level)
+        t = targets.by_algo[algo]
+        fields = {
             "reference_config": name, "reference_runs": [z.name for z in rs],
-            "target": targets[algo], "target_rule": target_rule.get(algo),
+            "target": t, "target_rule": targets.rules.get(algo),
             "eval_se": ref_se, "eval_se_source": per_run[rs[0].name]["eval_se_source"],
             "curve_jitter_se": float(np.median(jit)) if jit else None,
             "start_score": start,
-            "signal_to_noise": (targets[algo] - start) / ref_se if ref_se > 0 else None,
+            "signal_to_noise": (t - start) / ref_se if ref_se > 0 else None,
             "reference_reached": bool(ref.reached),
             "reference_best_smoothed": max(per_run[z.name].get("smoothed_final") or -math.inf
                                            for z in rs),
             "critical_training_batch": CriticalTrainingBatch(
-                **critical_training_batch(cstats, ref, tolerance)),
-            "grad_norm": grad_norm_slopes(runs, ref, n_boot, rng, ci_level, flat_slope),
-            "best_set": best.get(algo, []),
+                **critical_training_batch(cstats, ref, cfg.tolerance)),
+            "grad_norm": grad_norm_slopes(runs, ref, cfg.n_boot, rng, cfg.ci_level,
+                                          cfg.flat_slope),
+            "best_set": best_sets.get(algo, []),
         }
         # Step costs differ by algorithm (PPO also runs a critic): one fit each.
-        cgb = step_cost.fit_runs([r for r in runs if (r.algo or "?") == algo], costs, n_boot,
-                                 rng, ci_level, min_gain, ref.batch)
-        per_algo[algo] = AlgoSummary(**per_algo[algo],
+        cgb = step_cost.fit_runs([r for r in runs if (r.algo or "?") == algo], per_cfg.costs,
+                                 cfg.n_boot, rng, cfg.ci_level, cfg.min_gain, ref.batch)
+        per_algo[algo] = AlgoSummary(**fields,
                                      critical_generation_batch=CriticalGenerationBatch(**cgb),
-                                     regime=Regime(**step_cost.regime(rs, costs, cgb)))
+                                     regime=Regime(**step_cost.regime(rs, per_cfg.costs, cgb)))
     cstats = {g: dataclasses.replace(st, invariance=invariances[g]) if g in invariances
               else st for g, st in cstats.items()}
-    # Last: its bootstrap draws must not move the numbers above.
-    partial = partial_rollout(cstats, creps, groups, reps, rng, ci_level)
-    found = findings.source_findings(per_algo, cstats, creps, ci_level, tolerance, primary,
-                                     per_algo[primary].critical_generation_batch)
-    tuning = lr_bracket.read_lr_tuning(one_dir) if one_dir is not None else None
-    extras = lr_bracket.read_tuning_extras(one_dir) if one_dir is not None else {}
-    return Summary(
-        ci_level=ci_level, primary_algo=primary,
-        algos=per_algo,
-        runs={n: RunStats.from_json(x) for n, x in per_run.items()},
-        configs=cstats,
-        partial_rollout=partial, findings=tuple(found), tolerance=tolerance, n_boot=n_boot,
-        skipped=list(skipped), warnings=warnings, sweep_dir=sweep_dir,
-        familywise={k: fw[k] for k in ("families", "n_tests", "alpha", "margin", "method")},
-        **power_and_evals(fw, ci_level, primary, per_run), drift=Drift.from_json(drift_info),
-        # the primary algorithm's lr record, and all of them
-        lr_tuning=(tuning.get(primary) or next(iter(tuning.values()))) if tuning else None,
-        lr_tuning_by_algo=tuning or None,
-        lora=lora_configs(groups) or None,
-        lr_tuning_per_batch=extras.get("per_batch") or None,
-        lr_tuning_cost=extras.get("cost") or None)
+    return per_algo, cstats
 
 
 def analyze_runs(runs: Sequence[Run], target: Any = "auto", reference: str | None = None,
-                 tolerance: float = 0.25, fit_sigmoid: bool = False, **kwargs) -> dict:
+                 **kwargs) -> dict:
     """summary.json's dict for already-loaded runs: `analyze(...).to_json()`."""
-    return analyze(runs, target, reference, tolerance, fit_sigmoid, **kwargs).to_json()
+    return analyze(runs, target, reference, **kwargs).to_json()
 
 
 def analyze_sweep(sweep_dir: str | None, target: Any = "auto", reference: str | None = None,
-                  tolerance: float = 0.25, fit_sigmoid: bool = False, *,
-                  extra_runs: Sequence[Run] = (), **kwargs) -> dict:
+                  *, extra_runs: Sequence[Run] = (), **kwargs) -> dict:
     """summary.json dict of a sweep directory (plus ``extra_runs``, e.g. CSV imports).
 
     Keys (docs/api.md, summary.json): ci_level, eval_se, signal_to_noise,
@@ -546,8 +569,8 @@ def analyze_sweep(sweep_dir: str | None, target: Any = "auto", reference: str | 
     """
     target = parse_target(target)
     runs, skipped = load_runs(sweep_dir, extra_runs)
-    return analyze(runs, target, reference, tolerance, fit_sigmoid, skipped=skipped,
-                   sweep_dir=sweep_dir, **kwargs).to_json()
+    return analyze(runs, target, reference, skipped=skipped, sweep_dir=sweep_dir,
+                   **kwargs).to_json()
 
 
 def load_runs(sweep_dir: str | None, extra_runs: Sequence[Run] = ()
