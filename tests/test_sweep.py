@@ -285,7 +285,7 @@ def test_sweep_from_warm_start_blocks(tmp_path):
                         seeds=(0, 1), max_responses=64, eval_every_responses=16,
                         tune_lrs=(1e-3,), tune_seeds=(0, 1), tune_responses=16,
                         compile_cache=False, tune_max_extensions=0, timing_steps=1,
-                        timing_blocks=2, timing_max_blocks=2, target_stop_evals=1,
+                        timing_blocks=1, timing_max_blocks=1, target_stop_evals=1,
                         warm_start_checkpoints=tuple(paths))
     runs = plan(sweep, base)
     got = {(os.path.basename(r.run_dir), r.init_checkpoint) for r in runs}
@@ -294,7 +294,7 @@ def test_sweep_from_warm_start_blocks(tmp_path):
     tune = study_mod.tune_plan(sweep, base)
     assert {(r.seed, r.init_checkpoint) for r in tune} == {
         (study_mod.TUNE_SEED_OFFSET, paths[0]), (study_mod.TUNE_SEED_OFFSET + 1, paths[1])}
-    run_sweep(sweep, base, progress=False, analyse=False)
+    assert run_sweep(sweep, base, progress=False, analyse=False)["errors"] == {}
     with open(os.path.join(sweep.sweep_dir, "timing.json")) as f:
         timing = json.load(f)
     assert set(timing["warm_starts"]) == set(paths)        # one pass after each warm-start

@@ -121,8 +121,8 @@ def time_blocks(base: TrainConfig, batches: Sequence[int], reference_batch: int,
     it, and the 1-minute load average after each block ("load_1min") beside "cpus"; "blocks",
     "stopping": {rule, half_widths after each block, stopped}}."""
     from jaxrl_scale.scaling.drift import half_widths
-    if not 2 <= min_blocks <= max_blocks:
-        raise ValueError(f"time_blocks: need 2 <= min_blocks={min_blocks} <= "
+    if not 1 <= min_blocks <= max_blocks:   # one block: a pass per warm-start, the spread
+        raise ValueError(f"time_blocks: need 1 <= min_blocks={min_blocks} <= "  # between passes
                          f"max_blocks={max_blocks}")
     entries: list[dict] = []
     history = []
