@@ -202,7 +202,7 @@ def warm_start_lines(summary: Summary | dict) -> list[str]:
                  "; one seed per warm-start: tau and the seed noise form one error term")
             out.append(f"Warm-starts [{algo}]: {fam['warm_starts']} warm-starts, each a block "
                        f"of the test ({fam['df']} df): the verdicts are about the population "
-                       f"of warm-starts{t}.")
+                       f"of warm-starts{t}. {_block_targets(s, fam.get('reference'))}")
         else:
             out.append(f"Warm-starts [{algo}]: every run started from one warm-start, so the "
                        "verdicts hold for that warm-start: its interaction with the configs "
@@ -210,6 +210,22 @@ def warm_start_lines(summary: Summary | dict) -> list[str]:
                        "warm-starts (config.json init_checkpoint) are tested with the "
                        "warm-starts as blocks.")
     return out
+
+
+def _block_targets(s: Summary, ref: str | None) -> str:
+    """Each warm-start's own target (its reference runs' rule) and start score: the one
+    target of the algorithm's line above pools warm-starts that start apart."""
+    rows = {}
+    for r in s.runs.values():
+        if r.group == ref and r.block is not None:
+            rows.setdefault(r.block, []).append((r.target, r.start_score))
+    if not rows:
+        return ""
+    cells = [f"{b} {fmt(v[0][0])} (start {fmt(sum(x[1] for x in v) / len(v))})"
+             for b, v in sorted(rows.items()) if v[0][0] is not None
+             and all(x[1] is not None for x in v)]
+    return "Targets per warm-start (each from its own reference runs): " + ", ".join(cells) \
+        + "." if cells else ""
 
 
 def _design_note(p) -> str:
