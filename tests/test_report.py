@@ -362,6 +362,9 @@ def test_slower_on_lower_bounds_is_reported_as_a_bound(tmp_path):
     assert "grpo_P32_G8_sqrt (B=256, lr sqrt): T/T0 >= " in text
     assert "8 of 8 seeds did not reach J*" in text
     assert "Targets per warm-start (each from its own reference runs): w0 " in text
+    # the fastest set is over the configs every run of which reached: it says so
+    assert ("Among the 2 configs whose every run reached J* (grpo_P32_G8_sqrt left out"
+            in text)
     # indistinguishable is not equality: each such config says whether TOST shows equivalence
     ind = next(l for l in text.splitlines() if "Indistinguishable from the reference" in l)
     alike = s["configs"]["grpo_P8_G8_sqrt"]["alike_T"]

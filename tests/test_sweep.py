@@ -271,6 +271,7 @@ def test_sweep_from_warm_start_blocks(tmp_path):
     import numpy as np
     from jaxrl_scale.checkpoint import save_pytree
     from jaxrl_scale.models import get_config, init_params
+    from jaxrl_scale.experiment.train import target_stop
     from jaxrl_scale.scaling.analysis import analyze_sweep
     data_dir = str(tmp_path / "data")
     base = _base(data_dir)
@@ -313,7 +314,11 @@ def test_sweep_from_warm_start_blocks(tmp_path):
             assert c["target"] == 0 and done["responses"] == 64
         else:
             assert c["target"] == r["target"] and c["target_evals"] == 1
-            assert done["responses"] == 64 or done["step"] == done["reached_step"] + 1
+            with open(os.path.join(sweep.sweep_dir, name, "metrics.jsonl")) as f:
+                scores = tuple(x["score"] for x in map(json.loads, f) if "score" in x)
+            if done["responses"] < 64:    # stopped at the first eval the rule allowed
+                assert target_stop(scores, c["target"], 1)
+                assert not target_stop(scores[:-1], c["target"], 1)
     with pytest.raises(ValueError, match="warm_start_checkpoints"):
         sweep_mod.validate_sweep(SweepConfig(warm_start_checkpoints=(paths[0],)), base)
     with pytest.raises(ValueError, match="warm_start_checkpoints"):

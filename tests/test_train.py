@@ -509,6 +509,17 @@ def test_exact_eval_run_logs_the_answer_probability(tmp_path, data_dir):
     assert float(p.mean()) == pytest.approx(evals[0]["score"], rel=1e-5)
 
 
+def test_target_stop_follows_the_monotone_fit_not_one_eval():
+    """One eval above the target that later evals pool down does not stop the run (the
+    analysis would read no N* there); a fit that crossed k evals ago does."""
+    from jaxrl_scale.experiment.train import target_stop
+    spike = (0.1, 0.2, 0.31, 0.25, 0.26)          # the fit pools 0.31 down to 0.273
+    assert not target_stop(spike, 0.3, 1) and not target_stop(spike, 0.3, 2)
+    climb = (0.1, 0.2, 0.31, 0.33, 0.32)          # fit 0.1, 0.2, 0.31, 0.325, 0.325
+    assert target_stop(climb, 0.3, 2) and not target_stop(climb, 0.3, 3)
+    assert target_stop((0.31,), 0.3, 0) and not target_stop((0.31,), 0.3, 1)
+
+
 def test_run_stops_target_evals_after_reaching_the_target(tmp_path, data_dir):
     """target_evals = k: the run goes on for k more evals after the eval that first reached
     --target, then stops (the exact eval of a random policy is a small positive probability,

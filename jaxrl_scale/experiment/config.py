@@ -153,7 +153,8 @@ class TrainConfig:
     max_responses: int = 0             # response budget (0: none)
     target: float = 0.0                # stop once eval score >= target ... (0: no target stop)
     target_margin: float = 0.0         # ... and responses >= N* * (1 + margin)
-    target_evals: int = 0              # ... and this many evals after the one that reached it
+    target_evals: int = 0              # ... and the isotonic fit of the evals reached it this
+                                       # many evals ago (0: the raw eval alone)
     seed: int = 0
     # --- eval / checkpoints
     eval_every: int = 5

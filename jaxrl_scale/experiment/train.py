@@ -60,6 +60,7 @@ from jaxrl_scale.rl.refill import Refill, refill_rollout
 from jaxrl_scale.rl.rollout import (LoopState, Rollout, SamplingSettings, generate_rollout,
                                     score_rollout)
 from jaxrl_scale.rl.state import init_train_state, state_shardings
+from jaxrl_scale.scaling import stats
 from jaxrl_scale.rl.steps import grpo_step, make_train_step, ppo_step, score_tokens
 from jaxrl_scale.rl.value import init_critic_from_actor
 from jaxrl_scale.sampling.engine import SlotEngine
@@ -433,6 +434,14 @@ class Run:
                       "eval_prompts": len(self.eval_rows)}
 
 
+def target_stop(scores: tuple, target: float, evals_after: int) -> bool:
+    """Whether a run whose evals so far scored `scores` may stop at `target`: the monotone
+    (isotonic) fit of them, the curve the analysis reads N* from (`scaling.run_stats`),
+    reached it at least `evals_after` evals before the last one. 0: the raw eval alone."""
+    k = evals_after
+    return not k or (len(scores) > k and stats.isotonic(scores)[-k - 1] >= target)
+
+
 def run_training(cfg: TrainConfig, *, progress: bool = True,
                  stop_after_steps: int | None = None,
                  eval0_cache: str | None = None) -> dict[str, Any]:
@@ -478,7 +487,8 @@ def _train(cfg: TrainConfig, progress: bool, stop_after_steps: int | None,
         states, meta = ckpt.restore(None, trained_part(loop.states))
         states = [s.replace(frozen=init.frozen) for s, init in zip(states, loop.states)]
         loop = loop.replace(states=tuple(states), **meta["counters"],
-                            reward_failures=meta.get("reward_failures", 0))
+                            reward_failures=meta.get("reward_failures", 0),
+                            eval_scores=tuple(meta.get("eval_scores", ())))
         run.stream.restore(meta["data_position"])
         if primary:
             log.truncate_after(loop.step)
@@ -500,25 +510,27 @@ def _train(cfg: TrainConfig, progress: bool, stop_after_steps: int | None,
         loop, ev = initial_eval(run, loop, eval0_cache)  # the untrained score: curves at N = 0
         emit({"step": 0, "responses": 0, "time_s": 0.0, **ev, "compile_s": compile_s,
               **run.describe()})
+        loop = loop.replace(eval_scores=(float(ev["score"]),))
         if cfg.target and ev["score"] >= cfg.target:
             loop = loop.replace(reached_at=0, reached_step=0)
 
     def save(loop: LoopState) -> None:
         ckpt.save(loop.step, trained_part(loop.states),
                   {"counters": loop.counters(), "data_position": run.data_position,
-                   "reward_failures": loop.reward_failures})
+                   "reward_failures": loop.reward_failures,
+                   "eval_scores": list(loop.eval_scores)})
 
     def finished(c: LoopState) -> bool:
         if c.step >= cfg.max_steps:
             return True
         if cfg.max_responses and c.responses >= cfg.max_responses:
             return True
-        # target_evals more evals after the one that reached the target (a checkpoint from
-        # before reached_step existed never stops early: it runs to its budget)
-        return c.reached_at is not None and \
-            c.responses >= c.reached_at * (1.0 + cfg.target_margin) and \
-            c.step - (c.step if c.reached_step is None else c.reached_step) >= \
-            cfg.target_evals * cfg.eval_every
+        if c.reached_at is None or c.responses < c.reached_at * (1.0 + cfg.target_margin):
+            return False
+        # target_evals > 0: stop once the monotone (isotonic) fit of this run's evals, the
+        # curve the analysis reads N* from, reached the target target_evals evals ago; a
+        # single noisy eval above the target is not enough (the fit may pool it down)
+        return target_stop(c.eval_scores, cfg.target, cfg.target_evals)
 
     by_responses = bool(cfg.max_responses)  # budgeted runs show responses, others steps
     bar = tqdm(total=cfg.max_responses if by_responses else cfg.max_steps,
@@ -545,6 +557,7 @@ def _train(cfg: TrainConfig, progress: bool, stop_after_steps: int | None,
             t_eval = time.perf_counter()
             loop, ev = run.evaluate(loop)
             last_score = ev["score"]
+            loop = loop.replace(eval_scores=loop.eval_scores + (float(ev["score"]),))
             emit({"step": step, "responses": loop.responses,
                   "responses_generated": loop.responses_generated,
                   "time_s": loop.time_s, **ev, "eval_s": time.perf_counter() - t_eval})

@@ -120,6 +120,10 @@ def _best_line(summary: Summary, algo: str, prefix: str) -> str:
     n_reached = sum(bool(st.reached) for _, st in _sorted_configs(summary, algo))
     if len(best) == 1 and n_reached <= 1:
         return f"{prefix}Fastest: {one(best[0])}, the only config that reached J*."
+    missed = [g for g, st in _sorted_configs(summary, algo) if not st.reached]
+    if missed and ref_ok:   # Hsu's MCB is over the configs whose every run reached J*
+        prefix += (f"Among the {n_reached} configs whose every run reached J* ("
+                   f"{', '.join(missed)} left out: some of their runs did not): ")
     if len(best) == 1:
         return f"{prefix}Fastest: {one(best[0])}, distinguishable from all others."
     return (f"{prefix}Fastest set ({len(best)} configs not distinguishable from the fastest, "

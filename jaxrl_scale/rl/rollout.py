@@ -145,6 +145,7 @@ class LoopState:
     reached_at: Optional[int] = None   # responses when the eval first reached the target
     reached_step: Optional[int] = None  # ... and the step of that eval
     reward_failures: int = 0           # reward calls that raised or timed out, every process
+    eval_scores: tuple = ()            # every eval's score so far (the target stop's fit)
 
     COUNTERS = ("step", "responses", "responses_generated", "time_s", "reached_at",
                 "reached_step")

@@ -403,10 +403,18 @@ def set_targets(refs: dict[str, tuple[str, list[Run]]], blocks: dict[str, str],
         if target == "auto":
             probe = [run_stats(r, math.inf, 1, rng, cfg.ci_level)[0] for r in rs]
             by_algo[algo], rules[algo] = auto_target(probe, cfg.target_fraction)
-            for b in sorted(set(blocks.values())):
-                mine = [p for r, p in zip(rs, probe) if blocks.get(r.name) == b]
-                if mine:
-                    by_block[(algo, b)] = auto_target(mine, cfg.target_fraction)[0]
+            mine = {b: [p for r, p in zip(rs, probe) if blocks.get(r.name) == b]
+                    for b in sorted(set(blocks.values()))}
+            per_block = {b: auto_target(m, cfg.target_fraction) for b, m in mine.items() if m}
+            by_block.update({(algo, b): t for b, (t, _) in per_block.items()})
+            if len(per_block) >= 2:   # the algorithm's J* is their median, not a pooled rule
+                med = {k: float(np.median([r[k] for _, r in per_block.values()]))
+                       for k in ("start", "reach")}
+                by_algo[algo] = round(float(np.median([t for t, _ in per_block.values()])), 4)
+                rules[algo] = {**rules[algo], **med,
+                               "rule": rules[algo]["rule"] + ", on each warm-start's own "
+                               "reference runs (J*, start and reach: their medians)",
+                               "per_warm_start": {b: t for b, (t, _) in per_block.items()}}
         else:
             by_algo[algo] = target
     return Targets(by_algo, rules, by_block)
@@ -518,6 +526,8 @@ def algo_summaries(runs: list[Run], refs: dict, table: RunTable, per_cfg: Config
         jit = [per_run[z.name]["curve_jitter_se"] for z in rs if is_number(per_run[z.name]
                                                                       ["curve_jitter_se"])]
         start = float(np.mean([per_run[z.name]["start_score"] for z in rs]))
+        rule = targets.rules.get(algo) or {}
+        climb_from = rule["start"] if "per_warm_start" in rule else start
         for g, grs in groups.items():
             if (grs[0].algo or "?") == algo and g != name:
                 invariances[g] = invariance(grs, rs, table.reps, rng, cfg.ci_level)
@@ -527,8 +537,8 @@ def algo_summaries(runs: list[Run], refs: dict, table: RunTable, per_cfg: Config
             "target": t, "target_rule": targets.rules.get(algo),
             "eval_se": ref_se, "eval_se_source": per_run[rs[0].name]["eval_se_source"],
             "curve_jitter_se": float(np.median(jit)) if jit else None,
-            "start_score": start,
-            "signal_to_noise": (t - start) / ref_se if ref_se > 0 else None,
+            "start_score": climb_from,
+            "signal_to_noise": (t - climb_from) / ref_se if ref_se > 0 else None,
             "reference_reached": bool(ref.reached),
             "reference_best_smoothed": max(per_run[z.name].get("smoothed_final") or -math.inf
                                            for z in rs),

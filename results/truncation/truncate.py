@@ -1,6 +1,7 @@
 """What stopping non-reference runs at the target does to N*: recorded full-budget studies,
-each non-reference run cut the way `--target_stop_evals=k` stops it (after the first eval at
-or above its target, k more evals), then analysed again at the same targets. Run from the
+each non-reference run cut the way `--target_stop_evals=k` stops it (`train.target_stop`:
+once the isotonic fit of its evals reached its target k evals ago), then analysed again at
+the same targets. Run from the
 repository root:
 
     python results/truncation/truncate.py > results/truncation/README.md
@@ -16,20 +17,24 @@ import shutil
 import sys
 import tempfile
 
+from jaxrl_scale.experiment.train import target_stop
 from jaxrl_scale.scaling.analysis import analyze_sweep
 
-STUDIES = ["results/main_job/logs",
+STUDIES = ["results/main_job_one_warm_start/logs",
            "results/sweep_default/logs", "results/sweep_replicate/logs"]
 KS = (1, 2, 3)
 
 
-def cut(records: list[dict], target: float, k: int, eval_every: int) -> list[dict]:
-    """The records a run that stops k evals after reaching `target` would have written."""
-    reached = next((r["step"] for r in records if "score" in r and r["score"] >= target), None)
-    if reached is None:
-        return records
-    stop = reached + k * eval_every
-    return [r for r in records if r["step"] <= stop]
+def cut(records: list[dict], target: float, k: int) -> list[dict]:
+    """The records a run with --target=target --target_evals=k would have written: up to
+    the first eval at which `experiment.train.target_stop` lets it stop."""
+    scores = []
+    for r in records:
+        if "score" in r:
+            scores.append(r["score"])
+            if r["step"] > 0 and target_stop(tuple(scores), target, k):
+                return [x for x in records if x["step"] <= r["step"]]
+    return records
 
 
 def read(path):
@@ -60,9 +65,7 @@ def main():
                 total += max(x.get("responses", 0) for x in recs)
                 if r["group"] in refs or r.get("target") is None:
                     continue
-                with open(os.path.join(d, "config.json")) as f:
-                    ev = json.load(f)["eval_every"]
-                kept = cut(recs, r["target"], k, ev)
+                kept = cut(recs, r["target"], k)
                 if len(kept) < len(recs):
                     n_cut += 1
                     saved += (max(x.get("responses", 0) for x in recs)
@@ -90,6 +93,21 @@ def main():
                   f"{v0} -> {'same' if v0 == v1 else v1} |", flush=True)
             shutil.rmtree(tmp)
     print("\nSE: the run's bootstrap 90% interval of N* at full budget, half-width / 1.645.")
+    # The main job ran with the first rule (stop k evals after the first raw eval at or above
+    # the target): the runs it stopped whose monotone fit never reached the target.
+    with open("results/main_job/summary.json") as f:
+        s = json.load(f)
+    with open("results/main_job/logs/sweep.json") as f:
+        budget = json.load(f)["sweep"]["max_responses"]
+    cut_short = [(n, r) for n, r in sorted(s["runs"].items())
+                 if not r["reached"] and r["responses_total"] < budget]
+    print(f"\nresults/main_job ran with the first rule (stop k = 3 evals after the first raw "
+          f"eval at or above the target): {len(cut_short)} of its runs stopped so and read "
+          "\"not reached\" (their fit pools the eval above the target down): " + "; ".join(
+              f"{n} ({r['block']}: best eval {r['max_score']:.4f}, target {r['target']:.4f}, "
+              f"stopped at {r['responses_total']:,.0f} of {budget:,})" for n, r in cut_short)
+          + ". The rule since (`train.target_stop`) stops on the fit, the curve N* is read "
+          "from; on the recorded studies above both rules cut the same runs.")
 
 
 if __name__ == "__main__":
