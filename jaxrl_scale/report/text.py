@@ -94,9 +94,13 @@ def _verdict_lines(summary: Summary, algo: str, prefix: str) -> list[str]:
                "that is not equality): "
                + ("; ".join(same(g, st) for g, st in by["indistinguishable"]) or "none") + ".")
     if by["not reached"]:
+        def bound(st):   # the family's test on lower bounds, when it ran
+            lr = (st.T_over_T0_test or {}).get("log_ratio")
+            return (f" (T/T0 >= {fmt(math.exp(lr))}, the runs that missed counted at their "
+                    "budget; not significantly above 1)" if lr is not None else "")
         out.append(f"{prefix}Not reached: " + "; ".join(
             f"{g} ({_desc(st)}): {st.seeds_reached}/{st.seeds} seeds "
-            f"reached J*" for g, st in by["not reached"]) + ".")
+            f"reached J*{bound(st)}" for g, st in by["not reached"]) + ".")
     return out
 
 

@@ -4,9 +4,9 @@ root on a recorded study:
 
     python results/analysis_walk/walk.py results/main_job/logs
 
-Prints the files in the order first entered, how often each is re-entered after the walk
-has left it, and the totals: files visited, and returns to a file already visited. A
-return to a shared helper (numbers, stats, values, io) is reading, not a detour.
+Prints the files in the order first entered, how many distinct steps of the walk return to
+each from a file entered later, and the totals: files visited, and returns to a file already
+visited. A return to a shared helper (numbers, stats, values, io) is reading, not a detour.
 """
 import collections
 import os
@@ -41,18 +41,22 @@ def main(sweep_dir: str) -> None:
         cli.main([])
     finally:
         sys.setprofile(None)
-    first, returns = [], collections.Counter()
+    # Structure, not loop counts: the distinct file-to-file steps of the walk; a return is a
+    # step into a file first entered earlier than the file it leaves.
+    first, edges = [], set()
+    for a, b in zip(seq, seq[1:]):
+        edges.add((a, b))
     for f in seq:
-        if f in first:
-            returns[f] += 1
-        else:
+        if f not in first:
             first.append(f)
-    print("| file | re-entered | shared helper |\n|---|---|---|")
+    rank = {f: i for i, f in enumerate(first)}
+    back = collections.Counter(b for a, b in edges if rank[b] < rank[a])
+    print("| file | returned to from later files | shared helper |\n|---|---|---|")
     for f in first:
-        print(f"| {f} | {returns[f]} | {'yes' if f in HELPERS else ''} |")
-    other = sum(n for f, n in returns.items() if f not in HELPERS)
-    print(f"\nfiles visited: {len(first)}; returns to a file already visited: "
-          f"{sum(returns.values())} ({other} to files that are not shared helpers)")
+        print(f"| {f} | {back[f]} | {'yes' if f in HELPERS else ''} |")
+    other = sum(n for f, n in back.items() if f not in HELPERS)
+    print(f"\nfiles visited: {len(first)}; returns to a file already visited (distinct "
+          f"steps): {sum(back.values())}, {other} of them to files that are not shared helpers")
 
 
 if __name__ == "__main__":
