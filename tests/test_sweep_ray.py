@@ -132,10 +132,12 @@ def test_executor_flags_are_checked_first(monkeypatch):
         sweep_mod.check_run_index(SweepConfig(executor="ray"), base, 0)
 
 
-def _cli(tmp_path, *args):
+def _cli(tmp_path, *args, one_warm_start=True):
     grid = ["--prompts=4,8", "--group_sizes=2", "--base_prompts=0", "--fixed_prompts=",
-            "--pairs=", "--seeds=0", "--tune_lrs=1e-3", f"--sweep_dir={tmp_path}",
+            "--pairs=", "--tune_lrs=1e-3", f"--sweep_dir={tmp_path}",
             "--model=tiny", "--max_new_tokens=4", "--micro_batches=1"]
+    if one_warm_start:
+        grid += ["--seeds=0", "--warm_starts=1"]
     return subprocess.run([sys.executable, "experiments/sweep_batch.py", *grid, *args],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
 
@@ -155,3 +157,14 @@ def test_cli_list_runs_and_one_line_errors(tmp_path):
         errs = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
         assert res.returncode == 2 and len(errs) == 1 and errs[0].startswith(msg), res.stderr
         assert "Traceback" not in res.stderr
+
+
+def test_one_checkpoint_of_yours_is_one_block_of_the_same_runs(tmp_path):
+    """--nowarmstart (or a checkpoint of yours) without --warm_starts: the default's 6
+    warm-starts x 2 seeds become one warm-start x 12 seeds, said on stdout."""
+    listed = _cli(tmp_path, "--list_runs", "--nowarmstart", one_warm_start=False)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].startswith("one warm-start (yours): 12 seeds per config, not 6 warm-starts")
+    assert [ln.split()[1] for ln in lines[1:] if "sqrt" in ln] == [
+        f"grpo_P{P}_G2_sqrt_s{s}" for P in (4, 8) for s in range(12)]

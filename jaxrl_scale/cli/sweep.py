@@ -134,9 +134,24 @@ FLAGS = flags.FLAGS
 
 
 def sweep_from_flags() -> SweepConfig:
-    """The --study preset with every SweepConfig flag the user gave on top of it."""
-    return study_config(FLAGS.study, **flagdefs.values_from_flags(SweepConfig,
-                                                                  only_present=True))
+    """The --study preset with every SweepConfig flag the user gave on top of it; one
+    warm-start asked for (--warm_starts=1) times its batches in one pass of 4..8 blocks, as
+    a study without warm-start blocks does, unless --timing_blocks was given."""
+    sweep = study_config(FLAGS.study, **flagdefs.values_from_flags(SweepConfig,
+                                                                   only_present=True))
+    if sweep.warm_starts == 1 and not sweep.warm_start_checkpoints:
+        sweep = one_pass(sweep)
+    return sweep
+
+
+def one_pass(sweep: SweepConfig) -> SweepConfig:
+    """The study's timing as one pass after all runs (4..8 blocks) where the preset had a
+    one-block pass per warm-start and no --timing_blocks / --timing_max_blocks was given."""
+    if sweep.timing_blocks >= 2 or FLAGS["timing_blocks"].present:
+        return sweep
+    return dataclasses.replace(sweep, timing_blocks=4, timing_max_blocks=max(
+        8, sweep.timing_max_blocks) if not FLAGS["timing_max_blocks"].present
+        else sweep.timing_max_blocks)
 
 
 def main(argv):
@@ -145,7 +160,7 @@ def main(argv):
     with one_line_errors():    # every bad input, before the warm-start and the first run
         base = exact_eval_where_possible(flagdefs.build_from_flags(TrainConfig, skip=_PER_RUN),
                                          FLAGS["eval_mode"].present)
-        sweep = sweep_from_flags()
+        sweep = one_warm_start_of_yours(sweep_from_flags(), base)
         sfts = []
         if FLAGS.warmstart_seed < 0:
             raise ConfigError("warmstart_seed", f"must be >= 0, got {FLAGS.warmstart_seed}",
@@ -196,6 +211,23 @@ def main(argv):
     return exit_status(summary)
 
 
+def one_warm_start_of_yours(sweep: SweepConfig, base: TrainConfig) -> SweepConfig:
+    """Runs that start from one checkpoint of yours (--init_checkpoint, --hf_checkpoint) or
+    from scratch (--nowarmstart), with the study's warm-starts not asked for by flag: one
+    block of the same number of runs per config (6 x 2 seeds becomes 1 x 12, unless --seeds
+    was given), said on stdout; its verdicts then hold for that warm-start alone."""
+    mine = base.init_checkpoint or base.hf_checkpoint or not FLAGS.warmstart
+    if not mine or sweep.warm_starts == 1 or FLAGS["warm_starts"].present \
+            or sweep.warm_start_checkpoints:
+        return sweep
+    seeds = sweep.seeds if FLAGS["seeds"].present else tuple(
+        range(len(sweep.seeds) * sweep.warm_starts))
+    print(f"one warm-start (yours): {len(seeds)} seeds per config, not {sweep.warm_starts} "
+          f"warm-starts x {len(sweep.seeds)}; the verdicts hold for that warm-start alone "
+          "(--warm_start_checkpoints=A,B,... for blocks)")
+    return one_pass(dataclasses.replace(sweep, warm_starts=1, seeds=seeds))
+
+
 def check_warm_start_flags(sweep, base) -> None:
     """ConfigError for warm-start settings that contradict each other or name a missing
     checkpoint, before anything trains."""
@@ -212,7 +244,8 @@ def check_warm_start_flags(sweep, base) -> None:
         raise ConfigError("warm_starts", f"={sweep.warm_starts} trains that many SFT "
                           "warm-starts of the built-in policy, but the runs start from a "
                           "checkpoint of yours (or --nowarmstart)",
-                          "name your warm-starts in --warm_start_checkpoints=A,B,...")
+                          "name your warm-starts in --warm_start_checkpoints=A,B,..., or "
+                          "drop --warm_starts (one warm-start)")
 
 
 def exit_status(summary: dict) -> int:
