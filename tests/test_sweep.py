@@ -271,7 +271,7 @@ def test_sweep_from_warm_start_blocks(tmp_path):
     import numpy as np
     from jaxrl_scale.checkpoint import save_pytree
     from jaxrl_scale.models import get_config, init_params
-    from jaxrl_scale.experiment.train import target_stop
+    from jaxrl_scale.experiment.records import target_stop
     from jaxrl_scale.scaling.analysis import analyze_sweep
     data_dir = str(tmp_path / "data")
     base = _base(data_dir)

@@ -512,7 +512,7 @@ def test_exact_eval_run_logs_the_answer_probability(tmp_path, data_dir):
 def test_target_stop_follows_the_monotone_fit_not_one_eval():
     """One eval above the target that later evals pool down does not stop the run (the
     analysis would read no N* there); a fit that crossed k evals ago does."""
-    from jaxrl_scale.experiment.train import target_stop
+    from jaxrl_scale.experiment.records import target_stop
     spike = (0.1, 0.2, 0.31, 0.25, 0.26)          # the fit pools 0.31 down to 0.273
     assert not target_stop(spike, 0.3, 1) and not target_stop(spike, 0.3, 2)
     climb = (0.1, 0.2, 0.31, 0.33, 0.32)          # fit 0.1, 0.2, 0.31, 0.325, 0.325

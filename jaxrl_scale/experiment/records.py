@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from jaxrl_scale.experiment.errors import ConfigError
+from jaxrl_scale.scaling import stats
 
 
 def eval_se(ok_PK: np.ndarray) -> float | None:
@@ -102,3 +103,11 @@ def skipped_streak(streak: int, count_before: float, rec: dict) -> tuple[int, fl
     if count is None:
         return streak, count_before
     return (streak + 1 if count > count_before else 0), count
+
+
+def target_stop(scores: tuple, target: float, evals_after: int) -> bool:
+    """Whether a run whose evals so far scored `scores` may stop at `target`: the monotone
+    (isotonic) fit of them, the curve the analysis reads N* from (`scaling.run_stats`),
+    reached it at least `evals_after` evals before the last one. 0: the raw eval alone."""
+    k = evals_after
+    return not k or (len(scores) > k and stats.isotonic(scores)[-k - 1] >= target)

@@ -46,7 +46,7 @@ from jaxrl_scale.experiment.eval_cache import initial_eval
 from jaxrl_scale.experiment.inputs import load_inputs
 from jaxrl_scale.experiment.metrics import MetricsLog
 from jaxrl_scale.experiment.records import (NONFINITE_STREAK, NonfiniteUpdatesError, eval_se,
-                                            skipped_streak, step_metrics)
+                                            skipped_streak, step_metrics, target_stop)
 from jaxrl_scale.experiment.rundir import DONE_FILE, claim_run_dir, done_counters
 from jaxrl_scale.experiment.writers import close_all, make_writers, write_all
 from jaxrl_scale.models import init_params, load_hf
@@ -60,7 +60,6 @@ from jaxrl_scale.rl.refill import Refill, refill_rollout
 from jaxrl_scale.rl.rollout import (LoopState, Rollout, SamplingSettings, generate_rollout,
                                     score_rollout)
 from jaxrl_scale.rl.state import init_train_state, state_shardings
-from jaxrl_scale.scaling import stats
 from jaxrl_scale.rl.steps import grpo_step, make_train_step, ppo_step, score_tokens
 from jaxrl_scale.rl.value import init_critic_from_actor
 from jaxrl_scale.sampling.engine import SlotEngine
@@ -432,14 +431,6 @@ class Run:
             mesh=self.mesh, scorer=self._exact_scorer, chunk=self._exact_chunk)
         return loop, {"score": float(p.mean()), "eval_mode": "exact",
                       "eval_prompts": len(self.eval_rows)}
-
-
-def target_stop(scores: tuple, target: float, evals_after: int) -> bool:
-    """Whether a run whose evals so far scored `scores` may stop at `target`: the monotone
-    (isotonic) fit of them, the curve the analysis reads N* from (`scaling.run_stats`),
-    reached it at least `evals_after` evals before the last one. 0: the raw eval alone."""
-    k = evals_after
-    return not k or (len(scores) > k and stats.isotonic(scores)[-k - 1] >= target)
 
 
 def run_training(cfg: TrainConfig, *, progress: bool = True,

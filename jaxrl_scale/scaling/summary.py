@@ -106,7 +106,7 @@ class RunStats:
     q_ci: Interval | None = None
     q_overall: float | None = None
     responses_total: float | None = None
-    censored_at: float | None = None   # not reached: N* is at least this (its responses)
+    censored_at: float | None = _opt()   # not reached: N* is at least this (its responses)
     frac_replicates_reached: float | None = None
     updates_to_target: float | None = None
     evals_before_N_star: int | None = _opt()   # evals before the crossing

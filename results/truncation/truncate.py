@@ -1,5 +1,5 @@
 """What stopping non-reference runs at the target does to N*: recorded full-budget studies,
-each non-reference run cut the way `--target_stop_evals=k` stops it (`train.target_stop`:
+each non-reference run cut the way `--target_stop_evals=k` stops it (`records.target_stop`:
 once the isotonic fit of its evals reached its target k evals ago), then analysed again at
 the same targets. Run from the
 repository root:
@@ -17,7 +17,7 @@ import shutil
 import sys
 import tempfile
 
-from jaxrl_scale.experiment.train import target_stop
+from jaxrl_scale.experiment.records import target_stop
 from jaxrl_scale.scaling.analysis import analyze_sweep
 
 STUDIES = ["results/main_job_one_warm_start/logs",
@@ -27,7 +27,7 @@ KS = (1, 2, 3)
 
 def cut(records: list[dict], target: float, k: int) -> list[dict]:
     """The records a run with --target=target --target_evals=k would have written: up to
-    the first eval at which `experiment.train.target_stop` lets it stop."""
+    the first eval at which `experiment.records.target_stop` lets it stop."""
     scores = []
     for r in records:
         if "score" in r:
@@ -106,7 +106,7 @@ def main():
           "\"not reached\" (their fit pools the eval above the target down): " + "; ".join(
               f"{n} ({r['block']}: best eval {r['max_score']:.4f}, target {r['target']:.4f}, "
               f"stopped at {r['responses_total']:,.0f} of {budget:,})" for n, r in cut_short)
-          + ". The rule since (`train.target_stop`) stops on the fit, the curve N* is read "
+          + ". The rule since (`records.target_stop`) stops on the fit, the curve N* is read "
           "from; on the recorded studies above both rules cut the same runs.")
 
 
