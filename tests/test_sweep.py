@@ -263,6 +263,73 @@ def test_study_evaluates_exactly_where_the_reward_allows():
         validate(kept)
 
 
+def _warm_starts(tmp_path, n):
+    import jax
+    import numpy as np
+    from jaxrl_scale.checkpoint import save_pytree
+    from jaxrl_scale.models import get_config, init_params
+    cfg = get_config("tiny")
+    paths = []
+    for w in range(n):
+        p = str(tmp_path / f"ws{w}")
+        save_pytree(p, jax.tree.map(np.asarray, init_params(cfg, jax.random.PRNGKey(w))))
+        paths.append(p)
+    return paths
+
+
+def test_sequential_sweep_drops_decided_configs(tmp_path, monkeypatch):
+    """--design=sequential: after each look the configs decided there get no runs from later
+    warm-starts (B = 8 is forced "slower" at the first look on top of the real rule), each
+    look is recorded in sequential.json, a warm-start's callback runs before its block, and
+    the analysis decides as the sweep did, its report opening with the sequential lines."""
+    from jaxrl_scale.report import render
+    from jaxrl_scale.scaling import sequential as sq
+    from jaxrl_scale.scaling.analysis import analyze_sweep, load_runs
+    real = sq.decide
+
+    def forced(plan, history):
+        d = real(plan, history)
+        d["grpo_P8_G2_sqrt"] = sq.Decision("slower", 1, 2, 1.5, [1.2, 1.9])
+        return d
+    monkeypatch.setattr(sq, "decide", forced)
+    paths = _warm_starts(tmp_path, 3)
+    sweep = SweepConfig(sweep_dir=str(tmp_path / "sweep"), prompts=(4, 8, 16),
+                        group_sizes=(2,), base_prompts=0, lr_rules=("sqrt",), fixed_prompts=(),
+                        pairs=(), seeds=(0,), max_responses=64, eval_every_responses=16,
+                        tune_lrs=(), compile_cache=False, timing_steps=0,
+                        target_stop_evals=0, warm_start_checkpoints=tuple(paths),
+                        design="sequential", looks=(2, 3))
+    called = []
+    res = run_sweep(sweep, _base(str(tmp_path / "data")), progress=False, analyse=False,
+                    before_block=called.append)
+    assert res["errors"] == {}
+    with open(os.path.join(sweep.sweep_dir, sweep_mod.SEQUENTIAL_FILE)) as f:
+        rec = json.load(f)
+    stopped = {g for g, d in rec["decisions"].items() if d["verdict"] in sq.DECIDED}
+    assert "grpo_P8_G2_sqrt" in stopped and rec["decisions"]["grpo_P8_G2_sqrt"]["look"] == 1
+    runs, _ = load_runs(sweep.sweep_dir)
+    blocks = {}
+    for r in runs:
+        blocks.setdefault(r.group, set()).add(r.block)
+    assert len(blocks["grpo_P8_G2_sqrt"]) == 2           # not run from the third warm-start
+    study_blocks = len(blocks["grpo_P4_G2_sqrt"])
+    assert study_blocks == (2 if stopped == {"grpo_P8_G2_sqrt", "grpo_P16_G2_sqrt"} else 3)
+    assert called == list(range(study_blocks))
+    if "grpo_P16_G2_sqrt" not in stopped:
+        assert len(blocks["grpo_P16_G2_sqrt"]) == 3
+    s = analyze_sweep(sweep.sweep_dir, target="auto", n_boot=20)
+    assert s["sequential"]["decisions"]["grpo_P8_G2_sqrt"]["verdict"] == "slower"
+    assert s["configs"]["grpo_P8_G2_sqrt"]["verdict"] == "slower"
+    assert s["sequential"]["runs"]["grpo_P8_G2_sqrt"] == 2
+    text = open(render(s, str(tmp_path / "out"))).read()
+    assert "Sequential study (O'Brien-Fleming spending" in text
+    assert "grpo_P8_G2_sqrt: slower at look 1 (2 warm-starts)" in text
+    with pytest.raises(ValueError, match="looks"):
+        sweep_mod.validate_sweep(dataclasses.replace(sweep, looks=(2, 4)), _base("d"))
+    with pytest.raises(ValueError, match="design"):
+        sweep_mod.validate_sweep(dataclasses.replace(sweep, design="adaptive"), _base("d"))
+
+
 def test_sweep_from_warm_start_blocks(tmp_path):
     """--warm_start_checkpoints=A,B: every config runs every seed from each warm-start (run
     seeds offset per warm-start), the lr-tuning runs come from both on seeds no study run

@@ -50,7 +50,7 @@ from jaxrl_scale.experiment.rundir import prepare_run_dir
 from jaxrl_scale.experiment.config import TrainConfig
 from jaxrl_scale.experiment.inputs import load_inputs
 from jaxrl_scale.experiment.sft import SFTConfig, sft_config_for, sft_path, sft_warmstart
-from jaxrl_scale.experiment.study import (STUDIES, SweepConfig, all_runs,
+from jaxrl_scale.experiment.study import (STUDIES, SweepConfig, all_runs, sequential_plan,
                                           exact_eval_where_possible, study_config)
 from jaxrl_scale.experiment.sweep import (EXIT_RUNS_FAILED, check_run_index, run_one, run_sweep,
                                           validate_sweep)
@@ -98,6 +98,13 @@ SWEEP_HELP = {
               "the way to what every reference seed reaches)",
     "target_fraction": "where the auto target sits between the start and what every reference "
                        "seed reaches (0..1; later: more evals before N*)",
+    "design": "fixed (every config from every warm-start) or sequential (warm-starts in "
+              "rounds; a config decided at a look gets no more runs, and the study ends when "
+              "none is open)",
+    "looks": "sequential: warm-starts done at each look (default: half, two thirds, all)",
+    "spending": "sequential: error spending, obf (O'Brien-Fleming type) or pocock",
+    "futility": "sequential: stop a config whose interval cannot reach this T/T0 (0.9: 10% "
+                "faster); 0: never",
     "compile_cache": "JAX persistent compilation cache",
     "executor": "local (one run after another in this process) or ray (one Ray task per run)",
     "ray_address": "Ray cluster to join (ray.init(address=...); empty: start a local one)",
@@ -188,10 +195,18 @@ def main(argv):
         for i, (name, _) in enumerate(all_runs(*final)):
             print(i, name)
         return 0
-    for w, sft in enumerate(sfts):
-        path, info = sft_warmstart(sft)
+    def warm_start(w: int) -> None:
+        path, info = sft_warmstart(sfts[w])      # cached: a trained one returns at once
         which = f" {w + 1}/{len(sfts)}" if len(sfts) > 1 else ""
         print(f"warm-start{which}: {path} (greedy held-out accuracy {info['accuracy']:.3f})")
+
+    # A sequential study trains the warm-starts of its first look and of the lr tuning now,
+    # the others before their block: one it ends without is never trained.
+    seq = sequential_plan(final[0])
+    first = len(sfts) if seq is None or len(sfts) < 2 else max(
+        [seq.looks[0]] + [s % len(sfts) + 1 for s in final[0].tune_seeds])
+    for w in range(first):
+        warm_start(w)
     sweep, base = final
     if FLAGS.run_index is not None:
         res = run_one(sweep, base, FLAGS.run_index)
@@ -202,7 +217,7 @@ def main(argv):
               f"{'already finished' if res['skipped'] else 'finished'}; once every index has "
               f"run: jaxrl-analyze --sweep_dir={sweep.sweep_dir} --target={sweep.target}")
         return 0
-    summary = run_sweep(sweep, base)
+    summary = run_sweep(sweep, base, before_block=warm_start if len(sfts) > 1 else None)
     if "analysis_error" in summary:
         print(f"analysis failed: {summary['analysis_error']}\nThe runs are in {sweep.sweep_dir}; "
               "rerun experiments/analyze.py once the problem is fixed.", file=sys.stderr)

@@ -80,6 +80,15 @@ class SweepConfig:
     # that warm-start stops this many evals after its eval first reaches the target those
     # reference runs set (the analysis sets the same one). 0: every run to max_responses.
     target_stop_evals: int = 0
+    # "fixed": every config runs from every warm-start. "sequential": the warm-starts run in
+    # rounds; at each of `looks` (warm-starts done; default half, two thirds and all of them)
+    # the configs decided by the group-sequential test (scaling.sequential: `spending`, the
+    # futility stop at `futility`, 0: none) get no more runs, and the study ends early when
+    # none is open (docs/science.md, Sequential study).
+    design: str = "fixed"
+    looks: tuple[int, ...] = ()
+    spending: str = "obf"
+    futility: float = 0.9
     compile_cache: bool = True         # JAX persistent compilation cache (shared shapes)
     executor: str = "local"            # "local": one run after another; "ray": a task per run
     ray_address: str = ""              # existing Ray cluster (ray.init(address=...)); "": local
@@ -319,6 +328,20 @@ def all_runs(sweep: SweepConfig, base: TrainConfig) -> list[tuple[str, TrainConf
             for c in tune_plan(sweep, base) + plan(sweep, base)]
 
 
+DESIGNS = ("fixed", "sequential")
+
+
+def n_blocks(sweep: SweepConfig) -> int:
+    """The study's warm-start blocks."""
+    return len(sweep.warm_start_checkpoints) or sweep.warm_starts
+
+
+def sequential_plan(sweep: SweepConfig):
+    """The sequential study's `scaling.sequential.Plan` (None for a fixed design)."""
+    from jaxrl_scale.scaling.sequential import plan_of
+    return plan_of(dataclasses.asdict(sweep))
+
+
 def check_sweep_fields(sweep: SweepConfig) -> None:
     """A ConfigError naming the first bad field of the study itself (its runs' configs are
     checked by sweep.validate_sweep)."""
@@ -362,6 +385,22 @@ def check_sweep_fields(sweep: SweepConfig) -> None:
          and sweep.target_stop_evals >= 0, f"must be an integer >= 0, got "
          f"{sweep.target_stop_evals!r}", "e.g. --target_stop_evals=3 (0: every run to "
          "--max_responses)")
+    need("design", sweep.design in DESIGNS, f"must be one of {DESIGNS}, got {sweep.design!r}",
+         "e.g. --design=sequential")
+    if sweep.design == "sequential":
+        from jaxrl_scale.scaling.sequential import SPENDING, default_looks
+        W = n_blocks(sweep)
+        need("design", W >= 3, f"=sequential needs 3 or more warm-starts to add in rounds, "
+             f"the study has {W}", "e.g. --warm_starts=6, or --design=fixed")
+        looks = tuple(sweep.looks) or default_looks(W)
+        need("looks", all(isinstance(x, int) for x in looks) and looks[0] >= 2 and all(
+             b > a for a, b in zip(looks, looks[1:])) and looks[-1] == W,
+             f"must be increasing warm-start counts from >= 2 to all {W}, got {looks}",
+             f"e.g. --looks={','.join(map(str, default_looks(W)))}")
+        need("spending", sweep.spending in SPENDING, f"must be one of {SPENDING}, got "
+             f"{sweep.spending!r}", "e.g. --spending=obf (O'Brien-Fleming type)")
+        need("futility", 0 <= sweep.futility < 1, f"must lie in [0, 1), got {sweep.futility}",
+             "e.g. --futility=0.9 (stop a config that cannot be 10% faster; 0: never)")
     need("target_fraction", 0 < sweep.target_fraction < 1,
          f"must lie strictly between 0 and 1, got {sweep.target_fraction}",
          "e.g. --target_fraction=0.75 (the auto target's share of the way from the start to "

@@ -32,7 +32,8 @@ from jaxrl_scale.experiment.errors import one_line
 from jaxrl_scale.experiment.rundir import is_finished, write_error
 from jaxrl_scale.experiment.study import (SweepConfig, all_runs, check_sweep_fields,
                                           is_reference_run, plan, reference_batch,
-                                          tune_batches, tune_plan, tune_run)
+                                          sequential_plan, tune_batches, tune_plan,
+                                          tune_run)
 from jaxrl_scale.experiment.timing import write_timing_pass, write_warm_start_timing_pass
 from jaxrl_scale.experiment.train import run_training
 from jaxrl_scale.numbers import is_number
@@ -369,10 +370,12 @@ def run_one(sweep: SweepConfig, base: TrainConfig, index: int, *,
 
 
 def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
-              analyse: bool = True) -> dict[str, Any]:
+              analyse: bool = True, before_block=None) -> dict[str, Any]:
     """Tune (if asked), run (or finish) every run of the study, then analyse and report.
     Returns the summary dict, with "errors" (failed runs) and, when the analysis itself could
-    not run, "analysis_error"; a reference that misses the target is reported, not an error."""
+    not run, "analysis_error"; a reference that misses the target is reported, not an error.
+    ``before_block(w)``: called before warm-start w's runs (the CLI trains its SFT there, so
+    a sequential study that ends early never trains the warm-starts it does not use)."""
     tune = tune_plan(sweep, base)
     validate_sweep(sweep, base)
     eval0 = _prepare(sweep)
@@ -390,16 +393,9 @@ def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
         tune = tune + more
     lrs, runs = _tuned_plan(sweep, base, tune, n_ext)
     if sweep.warm_start_checkpoints:   # block by block, each timed in its learning's state
-        W = len(sweep.warm_start_checkpoints)
-        for w, path in enumerate(sweep.warm_start_checkpoints):
-            mine = [c for c in runs if c.init_checkpoint == path]
-            e2, t2 = _run_block(mine, f"sweep, warm-start {w + 1}/{W}", progress, eval0, sweep)
-            errors.update(e2)
-            timings.update(t2)
-            err = sweep.timing_steps > 0 and write_warm_start_timing_pass(sweep, mine, path,
-                                                                          progress)
-            if err:
-                errors[f"_timing_w{w}"] = err
+        e2, t2 = _run_warm_starts(sweep, runs, progress, eval0, before_block)
+        errors.update(e2)
+        timings.update(t2)
     else:
         e2, t2 = _run_block(runs, "sweep", progress, eval0, sweep)
         errors.update(e2)
@@ -429,6 +425,67 @@ def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
 
 
 STATUS_FILE = "sweep_status.json"
+SEQUENTIAL_FILE = "sequential.json"
+
+
+def _run_warm_starts(sweep: SweepConfig, runs: list[TrainConfig], progress: bool,
+                     eval0: str | None, before_block=None) -> tuple[dict, dict]:
+    """Warm-start by warm-start, each followed by its timing pass. A sequential design
+    (`study.sequential_plan`) looks after the warm-start counts of its plan: the configs
+    decided there (`scaling.replay.decisions` on the runs so far, as the analysis will
+    decide) get no runs from later warm-starts, and the study ends when none is open; each
+    look is recorded in SWEEP_DIR/sequential.json and said on stdout."""
+    plan = sequential_plan(sweep)
+    W = len(sweep.warm_start_checkpoints)
+    errors: dict = {}
+    timings: dict = {}
+    open_ = None      # None: every config
+    for w, path in enumerate(sweep.warm_start_checkpoints):
+        if open_ is not None and not open_:
+            break
+        if before_block is not None:
+            before_block(w)
+        mine = [c for c in runs if c.init_checkpoint == path and (
+            open_ is None or is_reference_run(sweep, c) or config_name(c) in open_)]
+        e2, t2 = _run_block(mine, f"sweep, warm-start {w + 1}/{W}", progress, eval0, sweep)
+        errors.update(e2)
+        timings.update(t2)
+        err = sweep.timing_steps > 0 and write_warm_start_timing_pass(sweep, mine, path,
+                                                                      progress)
+        if err:
+            errors[f"_timing_w{w}"] = err
+        if plan is not None and w + 1 in plan.looks and not errors:
+            open_ = _look(sweep, plan, w + 1)
+    return errors, timings
+
+
+def config_name(c: TrainConfig) -> str:
+    """The config a run belongs to: its directory name without the seed."""
+    from jaxrl_scale.scaling.io import strip_seed
+    return strip_seed(os.path.basename(c.run_dir))
+
+
+def _look(sweep: SweepConfig, plan, blocks: int) -> set[str]:
+    """The sequential decisions on the runs of the first ``blocks`` warm-starts, recorded in
+    SWEEP_DIR/sequential.json and printed; returns the configs still open."""
+    from jaxrl_scale.scaling import sequential as sq
+    from jaxrl_scale.scaling.analysis import load_runs
+    from jaxrl_scale.scaling.replay import decisions
+    runs, _ = load_runs(sweep.sweep_dir)
+    dec, ran, _ = decisions(runs, plan, sweep_dir=sweep.sweep_dir,
+                            target_fraction=sweep.target_fraction)
+    open_ = set(sq.open_configs(dec, sorted(dec)))
+    k = plan.looks.index(blocks) + 1
+    write_json(os.path.join(sweep.sweep_dir, SEQUENTIAL_FILE), {
+        "looks_done": list(plan.looks[:k]), "open": sorted(open_),
+        "decisions": {g: dataclasses.asdict(d) for g, d in dec.items()}, "runs": ran},
+        indent=2)
+    said = ", ".join(f"{g} {d.verdict}" for g, d in sorted(dec.items()) if d.stopped)
+    rest = "undecided" if k == len(plan.looks) else "open"
+    print(f"look {k}/{len(plan.looks)} after {blocks} warm-starts: "
+          f"{said or 'nothing decided'}; {rest}: {', '.join(sorted(open_)) or 'none'}",
+          flush=True)
+    return open_
 
 
 EXIT_RUNS_FAILED = 3   # the sweep ran but lost runs: its analysis is incomplete

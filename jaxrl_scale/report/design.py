@@ -285,8 +285,41 @@ def drift_lines(summary: Summary | dict) -> list[str]:
     return [line + "."]
 
 
+SPENDING_NAMES = {"obf": "O'Brien-Fleming", "pocock": "Pocock"}
+
+
+def sequential_lines(summary: Summary | dict) -> list[str]:
+    """A sequential study's first lines: what it ran against the fixed design, and each
+    config's decision with the look (and warm-starts) it came at and its repeated interval."""
+    s = as_summary(summary)
+    q = s.sequential
+    if not q:
+        return []
+    plan, dec, ran = q["plan"], q["decisions"], q["runs"]
+    W = plan["looks"][-1]
+    seeds = {g: (s.configs[g].seeds or 0) for g in ran if g in s.configs}
+    used = sum(seeds.values())
+    ref_seeds = sum((st.seeds or 0) for g, st in s.configs.items() if st.is_reference)
+    blocks = max(ran.values()) if ran else W
+    per_block = {g: n / max(ran[g], 1) for g, n in seeds.items()}
+    fixed = sum(per_block.values()) * W + ref_seeds / max(blocks, 1) * W
+    out = [f"Sequential study ({SPENDING_NAMES.get(plan['spending'], plan['spending'])} "
+           f"spending at level {fmt(plan['level'])}, looks after "
+           f"{', '.join(map(str, plan['looks']))} warm-starts): it ran {blocks} of {W} "
+           f"warm-starts and {used + ref_seeds} runs, against {fmt(fixed)} for the fixed "
+           "design (every config from every warm-start)."]
+    for g, d in sorted(dec.items()):
+        rci = f" {fmt_ci(d['ratio'], d['rci'])}" if d.get("ratio") is not None else ""
+        when = (f" at look {d['look']} ({d['blocks']} warm-starts)" if d.get("look")
+                else f" after {ran.get(g, blocks)} warm-starts")
+        out.append(f"{g}: {d['verdict']}{when}, T/T0{rci} (repeated interval).")
+    return out
+
+
 def design_lines(summary: Summary | dict) -> list[str]:
-    """regime, lr bracket, power, drift: the lines the report opens with."""
-    return (regime_lines(summary) + lora_lines(summary) + lr_lines(summary)
+    """a sequential study's decisions, regime, lr bracket, power, drift: the lines the report
+    opens with."""
+    return (sequential_lines(summary) + regime_lines(summary) + lora_lines(summary)
+            + lr_lines(summary)
             + retune_lines(summary) + power_lines(summary) + warm_start_lines(summary)
             + drift_lines(summary))

@@ -257,14 +257,14 @@ def calibrate(design: Design, n_sweeps: int, seed: int = 0, effects: Sequence[fl
             cov_T += [c["cover_T"] for c in r["configs"].values()]
             cov_N += [c["cover_r_N"] for c in r["configs"].values()]
             cov_eff.setdefault(f"{e:g}", []).append(r["configs"][target_cfg]["cover_T"])
-        power[f"{e:g}"] = _rate(hits)
-        false_eff[f"{e:g}"] = _rate(wrong)
+        power[f"{e:g}"] = rate(hits)
+        false_eff[f"{e:g}"] = rate(wrong)
     return {"design": dataclasses.asdict(design), "n_sweeps": n_sweeps, "seed": seed,
-            "effect_config": target_cfg, "null_fwer": _rate(null_err), "power": power,
-            "false_in_effect": false_eff, "coverage_T": _rate(cov_T),
-            "coverage_r_N": _rate(cov_N),
-            "coverage_T_null_by_config": {g: _rate(x) for g, x in cov_by.items()},
-            "coverage_T_effect_config": {e: _rate(x) for e, x in cov_eff.items()},
+            "effect_config": target_cfg, "null_fwer": rate(null_err), "power": power,
+            "false_in_effect": false_eff, "coverage_T": rate(cov_T),
+            "coverage_r_N": rate(cov_N),
+            "coverage_T_null_by_config": {g: rate(x) for g, x in cov_by.items()},
+            "coverage_T_effect_config": {e: rate(x) for e, x in cov_eff.items()},
             "median_min_detectable_r_N": float(np.median(mde)) if mde else None,
             "median_stated_power": {e: float(np.median(x)) for e, x in stated.items()}}
 
@@ -281,7 +281,7 @@ def wilson(k: int, n: int, level: float = 0.95) -> list[float]:
     return [c - h, c + h]
 
 
-def _rate(x) -> dict:
+def rate(x) -> dict:
     x = np.asarray(x, float)
     p = float(x.mean()) if x.size else math.nan
     return {"rate": p, "mc_se": float(math.sqrt(p * (1 - p) / x.size)) if x.size else math.nan,
@@ -390,34 +390,7 @@ def fast_rates(design: Design, n_sweeps: int, seed: int = 0, r_N: dict | None = 
     any_wrong, cov_T, cov_N, mde, need, stated, tau_cov = [], [], [], [], [], [], []
     cov_by = {g: [] for g in names[1:]}
     for i in range(n_sweeps):
-        per_run, configs = {}, {}
-        for c, g in enumerate(names):
-            runs = []
-            for k in range(design.seeds * design.warm_starts):
-                n, q = float(est["N"][i, c, k]), float(est["q"][i, c, k])
-                ok = math.isfinite(n)
-                block = f"w{k // design.seeds}" if design.warm_starts > 1 else None
-                per_run[f"{g}_s{k}"] = {"N_star": n if ok else None, "q": q, "seed": k,
-                                        "reached": ok, "block": block,
-                                        "censored_at": None if ok else design.max_responses}
-                runs.append(f"{g}_s{k}")
-            reached = all(per_run[r]["reached"] for r in runs)
-            nm = np.mean([per_run[r]["N_star"] for r in runs]) if reached else math.inf
-            qm = np.mean([per_run[r]["q"] for r in runs])
-            configs[g] = {"algo": "grpo", "runs": runs, "reached": reached,
-                          "is_reference": g == ref, "T": nm / qm if reached else None}
-        offsets, block_offsets = None, None
-        if units is not None:     # one pass per warm-start, each to its stopping rule
-            passes = []
-            for w in range(W):
-                nb = drift.blocks_to_stop(units[i, w, 1:], design.timing_blocks,
-                                          design.timing_tolerance, level)
-                passes.append({g: drift.PassRatio(units[i, w, c, :nb], "block")
-                               for c, g in enumerate(names) if c > 0})
-            if W > 1:
-                block_offsets = {f"w{w}": p for w, p in enumerate(passes)}
-            else:
-                offsets = passes[0]
+        configs, per_run, offsets, block_offsets = sweep_inputs(design, est, units, i, level)
         fw = familywise.sweep_tests(configs, per_run, {}, {"grpo": ref}, level,
                                     offsets=offsets, block_offsets=block_offsets)
         wrong = False
@@ -444,16 +417,60 @@ def fast_rates(design: Design, n_sweeps: int, seed: int = 0, r_N: dict | None = 
             need.append((((pw["power"]["grpo"].get("design_for_target") or {})
                           .get("this_family") or {}).get("seeds")) or math.inf)
     return {"n_sweeps": n_sweeps, "seed": seed,
-            "slower": {g: _rate([v == "slower" for v in x]) for g, x in calls.items()},
-            "faster": {g: _rate([v == "faster" for v in x]) for g, x in calls.items()},
-            "any_wrong": _rate(any_wrong), "coverage_T": _rate(cov_T),
-            "coverage_r_N": _rate(cov_N),
-            "coverage_tau": _rate(tau_cov) if tau_cov else None,
-            "coverage_T_by_config": {g: _rate(x) for g, x in cov_by.items()},
+            "slower": {g: rate([v == "slower" for v in x]) for g, x in calls.items()},
+            "faster": {g: rate([v == "faster" for v in x]) for g, x in calls.items()},
+            "any_wrong": rate(any_wrong), "coverage_T": rate(cov_T),
+            "coverage_r_N": rate(cov_N),
+            "coverage_tau": rate(tau_cov) if tau_cov else None,
+            "coverage_T_by_config": {g: rate(x) for g, x in cov_by.items()},
             "median_min_detectable_r_N": float(np.median(mde)) if mde else None,
             "median_seeds_for_target": float(np.median(need)) if need else None,
             "median_stated_power": {e: float(np.median([x[e] for x in stated if e in x]))
                                     for e in (stated[0] if stated else {})}}
+
+
+def sweep_inputs(design: Design, est: dict, units: np.ndarray | None, i: int, level: float,
+                 blocks: int | None = None, keep: Sequence[str] | None = None
+                 ) -> tuple[dict, dict, dict | None, dict | None]:
+    """What `familywise.sweep_tests` takes for simulated sweep i of `simulate_estimates`
+    (and `simulate_pass_units`, [S, W, C, blocks]): (configs, per_run, offsets,
+    block_offsets), on its first `blocks` blocks (all by default: warm-starts, or seeds of a
+    one-warm-start design) and the configs in `keep` (all by default; the reference always)."""
+    names = [c[0] for c in design.configs]
+    ref = names[0]
+    W = design.warm_starts if blocks is None or design.warm_starts == 1 else blocks
+    n_runs = design.seeds * W if blocks is None or design.warm_starts > 1 else blocks
+    per_run, configs = {}, {}
+    for c, g in enumerate(names):
+        if keep is not None and g != ref and g not in keep:
+            continue
+        runs = []
+        for k in range(n_runs):
+            n, q = float(est["N"][i, c, k]), float(est["q"][i, c, k])
+            ok = math.isfinite(n)
+            block = f"w{k // design.seeds}" if design.warm_starts > 1 else None
+            per_run[f"{g}_s{k}"] = {"N_star": n if ok else None, "q": q, "seed": k,
+                                    "reached": ok, "block": block,
+                                    "censored_at": None if ok else design.max_responses}
+            runs.append(f"{g}_s{k}")
+        reached = all(per_run[r]["reached"] for r in runs)
+        nm = np.mean([per_run[r]["N_star"] for r in runs]) if reached else math.inf
+        qm = np.mean([per_run[r]["q"] for r in runs])
+        configs[g] = {"algo": "grpo", "runs": runs, "reached": reached,
+                      "is_reference": g == ref, "T": nm / qm if reached else None}
+    offsets, block_offsets = None, None
+    if units is not None:     # one pass per warm-start, each to its stopping rule
+        passes = []
+        for w in range(W):
+            nb = drift.blocks_to_stop(units[i, w, 1:], design.timing_blocks,
+                                      design.timing_tolerance, level)
+            passes.append({g: drift.PassRatio(units[i, w, c, :nb], "block")
+                           for c, g in enumerate(names) if c > 0 and g in configs})
+        if design.warm_starts > 1:
+            block_offsets = {f"w{w}": p for w, p in enumerate(passes)}
+        else:
+            offsets = passes[0]
+    return configs, per_run, offsets, block_offsets
 
 
 # ----------------------------------------------------------------------------- reproducibility

@@ -309,6 +309,7 @@ class Summary:
     lr_tuning_per_batch: dict | None = None   # {algo: {B: lr_tuning}} (retune_lr_per_batch)
     lora: dict | None = None                  # {config: {rank, alpha, targets}} LoRA runs
     lr_tuning_cost: dict | None = None        # {algo: {B: {runs, responses, wall_s}}}
+    sequential: dict | None = None            # a sequential study's looks and decisions
 
     @property
     def primary(self) -> AlgoSummary:
@@ -343,7 +344,7 @@ class Summary:
                    n_boot=self.n_boot, skipped=self.skipped, warnings=self.warnings)
         for k in ("familywise", "min_detectable_r_N", "min_detectable_T_over_T0", "power",
                   "drift", "lr_tuning", "lr_tuning_by_algo", "lr_tuning_per_batch",
-                  "lr_tuning_cost", "lora"):
+                  "lr_tuning_cost", "lora", "sequential"):
             if getattr(self, k) is not None:
                 out[k] = getattr(self, k)
         if self.power is not None:

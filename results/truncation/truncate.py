@@ -95,13 +95,13 @@ def main():
     print("\nSE: the run's bootstrap 90% interval of N* at full budget, half-width / 1.645.")
     # The main job ran with the first rule (stop k evals after the first raw eval at or above
     # the target): the runs it stopped whose monotone fit never reached the target.
-    with open("results/main_job/summary.json") as f:
+    with open("results/truncation/first_rule/summary.json") as f:
         s = json.load(f)
-    with open("results/main_job/logs/sweep.json") as f:
+    with open("results/truncation/first_rule/sweep.json") as f:
         budget = json.load(f)["sweep"]["max_responses"]
     cut_short = [(n, r) for n, r in sorted(s["runs"].items())
                  if not r["reached"] and r["responses_total"] < budget]
-    print(f"\nresults/main_job ran with the first rule (stop k = 3 evals after the first raw "
+    print(f"\nThe first main job (3b05fc0; its summary in first_rule/) ran with the first rule (stop k = 3 evals after the first raw "
           f"eval at or above the target): {len(cut_short)} of its runs stopped so and read "
           "\"not reached\" (their fit pools the eval above the target down): " + "; ".join(
               f"{n} ({r['block']}: best eval {r['max_score']:.4f}, target {r['target']:.4f}, "
