@@ -109,48 +109,6 @@ def recorded_target_fraction(sweep_dir: str | None) -> float:
     return float(x) if is_number(x) else DEFAULT_TARGET_FRACTION
 
 
-def recorded_plan(sweep_dir: str | None):
-    """The `scaling.sequential.Plan` of a study run with --design=sequential (sweep.json),
-    else None."""
-    dirs = sweep_dirs(sweep_dir)
-    path = os.path.join(dirs[0], SWEEP_FILE) if len(dirs) == 1 else None
-    if not path or not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        rec = json.load(f).get("sweep") or {}
-    from jaxrl_scale.scaling.sequential import plan_of
-    return plan_of(rec)
-
-
-def sequential_verdicts(runs: Sequence[Run], plan, sweep_dir: str | None,
-                        cfg: Settings) -> dict:
-    """A sequential study's decisions (`scaling.replay.decisions` on its runs, the same the
-    sweep took at its looks): summary.json "sequential"."""
-    from jaxrl_scale.scaling.replay import decisions
-    dec, ran, info = decisions(runs, plan, sweep_dir=sweep_dir, ci_level=cfg.ci_level,
-                               target_fraction=cfg.target_fraction)
-    return {"plan": {"looks": list(plan.looks), "spending": plan.spending,
-                     "level": plan.level, "margin": list(plan.margin),
-                     "futility": plan.futility},
-            "blocks": len(info["order"]),
-            "decisions": {g: {"verdict": d.verdict, "look": d.look, "blocks": d.blocks,
-                              "ratio": d.ratio, "rci": d.rci} for g, d in dec.items()},
-            "runs": ran}
-
-
-def with_sequential_verdicts(cstats: dict, seq: dict | None) -> dict:
-    """Each config's verdict in a sequential study: its decision, faster / slower as such
-    and every other decision "indistinguishable" (docs/api.md, Summary: sequential)."""
-    if not seq:
-        return cstats
-    out = dict(cstats)
-    for g, d in seq["decisions"].items():
-        if g in out:
-            out[g] = dataclasses.replace(out[g], verdict=d["verdict"] if d["verdict"] in (
-                "faster", "slower") else "indistinguishable")
-    return out
-
-
 def evals_before_n_star(per_run: dict, algo: str, needed: int) -> dict | None:
     """How many evals of each run of `algo` fall before its N* (N* decided by
     evals, not by the curve's shape between two of them): min, median, and the runs (and
@@ -324,13 +282,15 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
     fw = familywise.sweep_tests(per_cfg.stats, table.stats, per_cfg.reps,
                                 {a: n for a, (n, _) in refs.items()}, cfg.ci_level,
                                 offsets=tp.offsets, block_offsets=tp.block_offsets)
-    plan = recorded_plan(sweep_dir) if cfg.design is None else None
-    seq = plan and sequential_verdicts(runs, plan, sweep_dir, cfg)
+    from jaxrl_scale.scaling import replay      # it analyses subsets through this module
+    plan = replay.recorded_plan(sweep_dir) if cfg.design is None else None
+    seq = plan and replay.sequential_summary(runs, plan, sweep_dir, cfg.ci_level,
+                                             cfg.target_fraction)
     drift_info = tp.drift
     if tp.block_offsets is None:   # the one pass (if any) against the runs' own step times
         drift_info = sdrift.with_disagreements(drift_info, {
             g: f.r_q_in_run_test for g, f in fw["configs"].items()}, tp.offsets, cfg.ci_level)
-    cstats = with_sequential_verdicts(compose_configs(
+    cstats = replay.with_sequential_verdicts(compose_configs(
         per_cfg.stats, per_cfg.boot, fw["configs"], sdrift.pass_ratios(drift_info, tp.offsets)),
         seq)
     per_algo, cstats = algo_summaries(runs, refs, table, per_cfg, cstats, targets,

@@ -239,12 +239,14 @@ def _with_block_passes(vals: dict, block_offsets: Mapping[str, Mapping[str, Any]
                        ref: str) -> bool:
     """Put each warm-start's own timing pass into the units: log r_q of config g in block w
     is that block's pass (`drift.PassRatio`, the reference 0), and log T_gw = log N*_gw -
-    log r_q,gw. True when every block's pass covers every config; vals unchanged otherwise.
-    The machine state of each pass then varies with the blocks: it is in the error term."""
+    log r_q,gw. True when the pass of every block a config ran in covers it (a sequential
+    study's decided configs have no runs, and no pass entry, in later blocks); vals
+    unchanged otherwise. The machine state of each pass then varies with the blocks: it is
+    in the error term."""
     pool = list(vals["N"])
     blocks = {w for g in pool for w in vals["N"][g]}
     if not blocks <= set(block_offsets) or any(
-            g != ref and g not in block_offsets[w] for w in blocks for g in pool):
+            g != ref and g not in block_offsets[w] for g in pool for w in vals["N"][g]):
         return False
     for g in pool:
         lq = {w: (0.0 if g == ref else block_offsets[w][g].log) for w in vals["N"][g]}

@@ -10,7 +10,10 @@ sides, so the shares compare like with like on studies recorded before the targe
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
 from typing import Sequence
 
 from jaxrl_scale.scaling import sequential as sq
@@ -120,6 +123,44 @@ def replay(runs: Sequence[Run], plan: sq.Plan, *, sweep_dir: str | None = None,
             "looks": [h.blocks for h in max(info["history"].values(), key=len)],
             "fixed": {g: (full["configs"].get(g) or {}).get("verdict") for g in ran},
             "cost": cost}
+
+
+def recorded_plan(sweep_dir: str | None) -> sq.Plan | None:
+    """The Plan of a study run with --design=sequential (its sweep.json), else None."""
+    from jaxrl_scale.scaling.analysis import SWEEP_FILE, sweep_dirs
+    dirs = sweep_dirs(sweep_dir)
+    path = os.path.join(dirs[0], SWEEP_FILE) if len(dirs) == 1 else None
+    if not path or not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return sq.plan_of(json.load(f).get("sweep") or {})
+
+
+def sequential_summary(runs: Sequence[Run], plan: sq.Plan, sweep_dir: str | None,
+                       ci_level: float, target_fraction: float | None) -> dict:
+    """A sequential study's decisions on its runs (`decisions`, the same the sweep took at
+    its looks): summary.json "sequential" (docs/api.md, Summary)."""
+    dec, ran, info = decisions(runs, plan, sweep_dir=sweep_dir, ci_level=ci_level,
+                               target_fraction=target_fraction)
+    return {"plan": {"looks": list(plan.looks), "spending": plan.spending,
+                     "level": plan.level, "margin": list(plan.margin),
+                     "futility": plan.futility},
+            "blocks": len(info["order"]),
+            "decisions": {g: dataclasses.asdict(d) for g, d in dec.items()},
+            "runs": ran}
+
+
+def with_sequential_verdicts(cstats: dict, seq: dict | None) -> dict:
+    """Each config's verdict in a sequential study: its decision, faster / slower as such
+    and every other decision "indistinguishable" (docs/api.md, Summary: sequential)."""
+    if not seq:
+        return cstats
+    out = dict(cstats)
+    for g, d in seq["decisions"].items():
+        if g in out:
+            out[g] = dataclasses.replace(out[g], verdict=d["verdict"] if d["verdict"] in (
+                "faster", "slower") else "indistinguishable")
+    return out
 
 
 def _f(x, default=math.nan) -> float:
