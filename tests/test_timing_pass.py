@@ -152,7 +152,8 @@ def test_no_figure_of_the_estimate_predicts_rerun_agreement():
     probability that depends on the truth (about 0.5 at theta = 2 se, 0.95 at 0), while any
     figure computed from one study's estimate misses it by far more than 0.05 somewhere:
     observed power (the old figure) and the flat-prior predictive alike."""
-    rows = cal.rerun_agreement_gap([0.0, 1.0, 2.0, 3.0, 4.0], n=50_000)
+    from jaxrl_scale.scaling.reproducibility import rerun_agreement_gap
+    rows = rerun_agreement_gap([0.0, 1.0, 2.0, 3.0, 4.0], n=50_000)
     for key in ("observed_power", "predictive"):
         assert max(abs(r[key] - r["actual"]) for r in rows) > 0.1, (key, rows)
     assert min(r["actual"] for r in rows) < 0.6 < 0.9 < max(r["actual"] for r in rows)

@@ -14,7 +14,7 @@ def _table_verdict(s: Summary, g: str, st: ConfigStats) -> str:
         return "reference"
     if not _algo_info(s, _algo_of(st)).reference_reached:
         return "n/a (reference missed J*)"
-    return st.verdict or "-"
+    return (st.verdict or "-") + (" (fragile)" if st.fragile else "")
 
 
 def format_table(summary, per_run: bool = False) -> str:

@@ -73,7 +73,8 @@ def _verdict_lines(summary: Summary, algo: str, prefix: str) -> list[str]:
             return (f"{g} ({_desc(st)}): T/T0 >= {fmt(math.exp(st.T_over_T0_test['log_ratio']))}"
                     f" ({st.seeds - st.seeds_reached} of {st.seeds} seeds did not reach J*; "
                     "each counts at its budget, a lower bound)")
-        return f"{g} ({_desc(st)}): T/T0 = {fmt_ci(st.T_over_T0, st.T_over_T0_ci)}"
+        return (f"{g} ({_desc(st)}): T/T0 = {fmt_ci(st.T_over_T0, st.T_over_T0_ci)}"
+                + (" [fragile]" if st.fragile else ""))
 
     def order(kv):
         return (kv[1].T_over_T0 is None, kv[1].T_over_T0 or 0.0)
@@ -101,6 +102,11 @@ def _verdict_lines(summary: Summary, algo: str, prefix: str) -> list[str]:
         out.append(f"{prefix}Not reached: " + "; ".join(
             f"{g} ({_desc(st)}): {st.seeds_reached}/{st.seeds} seeds "
             f"reached J*{bound(st)}" for g, st in by["not reached"]) + ".")
+    if any(st.fragile for _, st in items):
+        out.append(f"{prefix}[fragile]: the verdict's test statistic lies near the critical "
+                   "value of its Holm step; two independent studies at such a truth give the "
+                   "same verdict about half the time, so a rerun may well read otherwise "
+                   "(docs/science.md, Reproducibility of a verdict).")
     return out
 
 

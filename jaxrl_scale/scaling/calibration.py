@@ -471,34 +471,3 @@ def sweep_inputs(design: Design, est: dict, units: np.ndarray | None, i: int, le
         else:
             offsets = passes[0]
     return configs, per_run, offsets, block_offsets
-
-
-# ----------------------------------------------------------------------------- reproducibility
-# Why the report prints no "a rerun agrees with probability p": any such figure is a function
-# of the study's own estimate, while the agreement of a rerun is a function of the unknown
-# truth. Under the test's own model (estimate ~ N(theta, se^2), verdict by |estimate| / se
-# against the Holm-first-step critical value), `rerun_agreement_gap` measures, per true
-# theta / se, the actual agreement of two independent studies and the mean of two candidate
-# figures: the power at the estimate (what the report used to print) and the flat-prior
-# predictive probability (estimate' ~ N(estimate, 2 se^2)).
-
-
-def rerun_agreement_gap(theta_over_se: Sequence[float], alpha: float = 0.1, m: int = 4,
-                        n: int = 200_000, seed: int = 0) -> list[dict]:
-    """Per true theta / se: {"theta_over_se", "actual", "observed_power", "predictive"}."""
-    from scipy.stats import norm
-    c = norm.ppf(1 - alpha / (2 * m))
-    rng = np.random.default_rng(seed)
-    out = []
-    for th in theta_over_se:
-        d, d2 = th + rng.standard_normal(n), th + rng.standard_normal(n)
-        v, v2 = (np.sign(x) * (np.abs(x) > c) for x in (d, d2))
-
-        def same(spread):   # P(verdict v) for a rerun estimate ~ N(d, spread^2)
-            up, lo = norm.sf((c - d) / spread), norm.cdf((-c - d) / spread)
-            return np.where(v > 0, up, np.where(v < 0, lo, 1 - up - lo))
-
-        out.append({"theta_over_se": float(th), "actual": float(np.mean(v == v2)),
-                    "observed_power": float(np.mean(same(1.0))),
-                    "predictive": float(np.mean(same(math.sqrt(2.0))))})
-    return out

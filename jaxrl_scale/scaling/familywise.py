@@ -38,6 +38,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from jaxrl_scale.scaling.reproducibility import holm_steps, is_fragile
 from jaxrl_scale.scaling.values import FamilyTest, Ratio
 
 EQUIV_MARGIN = (0.8, 1.25)
@@ -345,8 +346,9 @@ def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[s
             tests.append((g, row["T_over_T0"]["p"]))
     m = len(tests)
     adj = holm([p for _, p in tests])
+    steps = holm_steps([p for _, p in tests])
     out_cfg = {}
-    for (g, p), pa in zip(tests, adj):
+    for (g, p), pa, step in zip(tests, adj, steps):
         row = fields[g]
         tt = row["T_over_T0"]
         if row.get("lower_bound"):   # only "slower" follows from a lower bound
@@ -382,7 +384,9 @@ def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[s
             test=tt.get("method"), alike_T=inside(tt.get("sci", [None, None]), margin),
             alike_r_N=inside(row["r_N"].get("sci", [None, None]), margin),
             r_q_in_run_test={k: row["r_q"].get(k) for k in ("log_ratio", "se", "df")},
-            T_over_T0_test={k: tt.get(k) for k in ("log_ratio", "se", "df")}, ratios=ratios)
+            T_over_T0_test={k: tt.get(k) for k in ("log_ratio", "se", "df")}, ratios=ratios,
+            fragile=is_fragile(tt["log_ratio"] / tt["se"] if tt.get("log_ratio") is not None
+                               and tt.get("se") else None, tt.get("df"), step, alpha))
     # Fastest sets: Hsu's MCB per algorithm on log T.
     best = {}
     for algo in sorted({st["algo"] or "?" for st in configs.values()}):

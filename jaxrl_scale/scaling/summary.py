@@ -180,6 +180,7 @@ class ConfigStats:
     alike_r_N: bool | None = _opt()
     r_q_in_run_test: dict | None = _opt()      # {log_ratio, se, df}: the seed-paired t test
     T_over_T0_test: dict | None = _opt()       # {log_ratio, se, df} of the verdict's test
+    fragile: bool | None = _opt()              # reproducibility.fragile_band holds its T
     # True: DAPO dynamic sampling; N* still counts retained responses, the refill rounds'
     # time is in q, and r_q is the runs' own (the timing pass times one round per update)
     refill: bool | None = _opt()

@@ -124,7 +124,8 @@ class FamilyTest:
     """One config's family-wise verdict against its reference (`familywise.sweep_tests`):
     Holm over the family's T/T0 tests; ``ratios`` its t estimates ({name: Ratio}, those with
     an interval); r_q_in_run_test, T_over_T0_test: {log_ratio, se, df} of the in-run r_q test
-    and of the verdict's test."""
+    and of the verdict's test; fragile: the verdict's statistic lies in
+    `reproducibility.fragile_band` (a rerun repeats such verdicts about half the time)."""
 
     verdict: str
     p_value: float | None
@@ -135,6 +136,7 @@ class FamilyTest:
     r_q_in_run_test: dict
     T_over_T0_test: dict
     ratios: dict = dataclasses.field(default_factory=dict)
+    fragile: bool | None = None
 
     def fields(self) -> dict:
         """The config's summary.json verdict keys (docs/api.md, FamilyTest)."""
