@@ -77,7 +77,7 @@ TRAIN_ROWS = [
     ("--reward_fn=no_such_module_xyz:f", "reward_fn"), ("--reward_timeout_s=-1", "reward_timeout_s"),
     ("--reward_fn=builtins:exec", "reward_fn"), ("--reward_fn=os:system", "reward_fn"),
     ("--base_lr=inf", "base_lr"), ("--critic_base_lr=nan", "critic_base_lr"),
-    ("--lora_rank=-1", "lora_rank"),
+    ("--lora_rank=-1", "lora_rank"), ("--remat=sometimes", "remat"),
     ("--lora_alpha=0", "lora_alpha"), ("--lora_targets=q,x", "lora_targets"),
     ("--lora_targets=q,q", "lora_targets"), ("--lora_rank=4 --lora_targets=", "lora_targets"),
     ("--lora_rank=4 --algo=ppo --group_size=1", "lora_rank"),
@@ -91,6 +91,7 @@ TRAIN_ROWS = [
     ("--num_processes=2 --coordinator_address=127.0.0.1:1234 --process_id=2", "process_id"),
 ]
 SWEEP_ROWS = [
+    ("--remat=save_only_these_names", "remat"),
     ("--prompts=0", "prompts"), ("--seeds=", "seeds"), ("--algos=foo", "algos"),
     ("--lr_rules=cubic", "lr_rules"), ("--pairs=32y4", "pairs"), ("--target=foo", "target"),
     ("--gen_batch_ratios=0", "gen_batch_ratios"), ("--base_prompts=7", "base_prompts"),

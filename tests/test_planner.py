@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxrl_scale.scaling import io as sio
-from jaxrl_scale.scaling import noise, planner, step_cost
+from jaxrl_scale.scaling import noise, planner, planner_link, step_cost
 from jaxrl_scale.scaling.synthetic import SyntheticRun, write_synthetic_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -197,7 +197,8 @@ def test_planner_recommends_the_analytic_optimum(tmp_path):
     fit = step_cost.fit_step_times(_timings(), n_boot=200, seed=0)
     for k in step_cost.COLUMNS:
         assert fit[k] == pytest.approx(THETA[k], rel=1e-6)
-    out = planner.batch_plan(runs, fit, CANDIDATES, target=0.5, n_boot=500, seed=0)
+    out = planner.batch_plan(runs, fit, CANDIDATES, target=0.5, n_boot=500, seed=0,
+                             link=planner_link.IDENTITY)   # the analytic B_crit = B_simple
 
     assert out["n_star"] == pytest.approx(n_star)
     assert out["reference_batch"] == B0

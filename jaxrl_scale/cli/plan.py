@@ -41,6 +41,10 @@ flags.DEFINE_float("n_star", None, "Reference's responses to target N*: B_simple
 flags.DEFINE_float("target", None, "Target score J*: N* is where the probe runs' (isotonic) "
                    "eval curves first reach it. Without --n_star/--target: the whole run.")
 flags.DEFINE_float("window", 0.5, "Relative half width w of the N* window.")
+flags.DEFINE_enum("b_crit_link", "fitted", ["fitted", "simple"], "How the actor's B_crit "
+                  "follows from its B_simple: 'fitted', B_crit = B_simple / a with a and its "
+                  "between-study spread fitted on the recorded studies (scaling/planner_link.py); "
+                  "'simple', B_crit = B_simple (McCandlish et al. 2018).")
 flags.DEFINE_string("timings_json", None, "Timing-pass JSON: [{batch, batch_gen, gen_s: [...], "
                     "train_s: [...]}, ...] (experiment.timing.time_batches output).")
 flags.DEFINE_list("time_batches", [], "Run a timing pass at these batches on the probe's "
@@ -329,6 +333,7 @@ def main(argv):
 def _plan() -> None:
     from jaxrl_scale.experiment.config import ConfigError
     from jaxrl_scale.scaling import planner
+    from jaxrl_scale.scaling.planner_link import IDENTITY
     try:
         check_flags()
         runs = planner.read_runs(FLAGS.probe_run)
@@ -341,7 +346,7 @@ def _plan() -> None:
             n_star=FLAGS.n_star, target=FLAGS.target, half_width=FLAGS.window,
             gen_batch_ratio=FLAGS.gen_batch_ratio, n_boot=FLAGS.n_boot,
             block=FLAGS.block or None, n_windows=FLAGS.n_windows, level=FLAGS.ci_level,
-            seed=FLAGS.seed)
+            seed=FLAGS.seed, link=None if FLAGS.b_crit_link == "fitted" else IDENTITY)
         summary = None
         if FLAGS.compare:
             try:

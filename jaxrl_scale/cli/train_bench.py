@@ -5,7 +5,12 @@ lax.scan, clip, Adam) on --batch sequences of --seq_len tokens, jitted with the 
 Reported per micro-batch count: median wall seconds of --repeats timed updates after a
 compiling warm-up, tokens/s, achieved FLOP/s and its fraction of the float32 matmul peak
 measured in the same process (bench.matmul_peak; the largest of the measurements taken before
-and after each setting, so a busy moment on a shared machine cannot inflate the MFU).
+and after each setting, so a busy moment on a shared machine cannot inflate the MFU). Then,
+per micro-batch count and --remat_memory setting, the update's memory: `temp`, the compiled
+update's temporary buffers (XLA's memory analysis of the same program, compiled, not run), and
+`kept`, what the decoder's forward of one micro-batch keeps for its backward (the residuals of
+jax.vjp, from shapes: models/remat.residual_bytes). XLA:CPU merges a remat's recomputation
+back into the forward, so on CPU only `kept` shows what remat saves.
 
 FLOPs per update (printed with the results):
     6 * P_matmul * B * T                      dense matmuls, forward + backward (2 + 4)
@@ -15,6 +20,7 @@ counts), B * T all positions (prompt and padding included: the step computes the
 
     python experiments/train_bench.py                       # small, 64 x 80, micro 1,2,4
     python experiments/train_bench.py --micro_batches=1 --batch=8
+    python experiments/train_bench.py --repeats=1 --remat_memory=none,full,dots_saveable
 """
 from __future__ import annotations
 
@@ -29,7 +35,8 @@ import numpy as np
 
 from jaxrl_scale.cli import INF, one_line_errors, run_main, write_json_out
 from jaxrl_scale import bench, optim
-from jaxrl_scale.models import get_config, init_params
+from jaxrl_scale.models import forward, get_config, init_params
+from jaxrl_scale.models import remat as remat_lib
 from jaxrl_scale.rl import steps
 from jaxrl_scale.rl.batch import RolloutBatch
 from jaxrl_scale.rl.state import create_train_state
@@ -43,6 +50,9 @@ flags.DEFINE_integer("prompt_len", 16, "Prompt tokens per sequence (not in the l
 flags.DEFINE_list("micro_batches", ["1", "2", "4"], "Micro-batch counts to time.")
 flags.DEFINE_integer("repeats", 3, "Timed updates per setting (median); >= 3 for reports.")
 flags.DEFINE_bool("remat", False, "Rematerialise each transformer block in the backward.")
+flags.DEFINE_list("remat_memory", ["none", "full", "dots_with_no_batch_dims_saveable"],
+                  "Remat settings (none, full or a jax.checkpoint_policies name) whose memory "
+                  "per update is compared (compiled, not run); empty: none.")
 flags.DEFINE_bool("share_prompt", False, "Rows in groups of --group_size share their prompt and "
                   "the update runs it once per group (GRPO's default in training); FLOPs count "
                   "the tokens it runs on.")
@@ -89,14 +99,20 @@ def make_batch(cfg, batch: int, seq_len: int, prompt_len: int, seed: int,
         rewards_B=jnp.asarray(rng.normal(size=batch), jnp.float32))
 
 
-def time_updates(cfg, params, batch, micro_batches: int) -> float:
+def _update(cfg, micro_batches: int, remat):
+    """(the jitted update, its optimizer)."""
     hp = optim.AdamHParams(lr=1e-6)
     tx = optim.make_optimizer(hp)
     fn = steps.make_train_step(steps.grpo_step, cfg=cfg, tx=tx, loss_cfg=steps.LossConfig(),
-                               micro_batches=micro_batches, remat=FLAGS.remat,
+                               micro_batches=micro_batches, remat=remat,
                                group_size=FLAGS.group_size,
                                shared_prompt_len=FLAGS.prompt_len if FLAGS.share_prompt else 0,
                                lr_fn=functools.partial(optim.current_lr, hp, warmup_steps=0))
+    return fn, tx
+
+
+def time_updates(cfg, params, batch, micro_batches: int) -> float:
+    fn, tx = _update(cfg, micro_batches, FLAGS.remat)
     holder = [create_train_state(jax.tree.map(jnp.copy, params), tx, FLAGS.seed)]
 
     def one_update():
@@ -104,6 +120,27 @@ def time_updates(cfg, params, batch, micro_batches: int) -> float:
         return metrics["actor_loss"]
 
     return bench.median_time(one_update, repeats=FLAGS.repeats, warmup=1)
+
+
+def memory_rows(cfg, params, batch, micro_batches: int) -> list[dict]:
+    """Per --remat_memory setting: the compiled update's temp bytes (XLA memory analysis; the
+    update is compiled, never run) and the bytes the forward of one micro-batch keeps for its
+    backward (remat.residual_bytes), all measured in this process."""
+    def shapes(tree):
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+    rows_mb = FLAGS.batch // micro_batches
+    tokens, valid = batch.tokens_BT[:rows_mb], batch.valid_BT[:rows_mb]
+    out = []
+    for remat in FLAGS.remat_memory:
+        fn, tx = _update(cfg, micro_batches, remat)
+        state = jax.eval_shape(lambda p: create_train_state(p, tx, FLAGS.seed), shapes(params))
+        mem = fn.jitted.lower(state, shapes(batch)).compile().memory_analysis()
+        kept = remat_lib.residual_bytes(
+            lambda p: forward(cfg, p, tokens, valid, remat=remat), shapes(params))
+        out.append(dict(micro_batches=micro_batches, remat=remat,
+                        temp_bytes=int(mem.temp_size_in_bytes), kept_bytes=kept))
+    return out
 
 
 def check_flags() -> None:
@@ -128,6 +165,8 @@ def check_flags() -> None:
                               f"into whole groups of {FLAGS.group_size}", "pass divisors of "
                               "the number of groups")
     c.check_choice("dtype", FLAGS.dtype, ("float32", "bfloat16", "float16"))
+    for r in FLAGS.remat_memory:
+        c.check_choice("remat_memory", r, remat_lib.CHOICES)
     c.check_model_preset()
     c.check_json_out()
 
@@ -155,6 +194,8 @@ def main(argv):
     peak_flops = max(peaks)
     for r in rows:
         r["mfu"] = r["flops_per_s"] / peak_flops
+    memory = [x for m in [int(x) for x in FLAGS.micro_batches]
+              for x in memory_rows(cfg, params, batch, m)]
 
     print(f"model={FLAGS.model} ({cfg.num_params() / 1e6:.1f}M params, "
           f"P_matmul={bench.matmul_params(cfg) / 1e6:.1f}M) batch={B} x seq_len={T} "
@@ -172,6 +213,13 @@ def main(argv):
         print(f"{r['micro_batches']:>5} {r['seconds']:>9.4f} {r['tokens_per_s']:>10.0f} "
               f"{r['flops_per_s'] / 1e9:>9.1f} {100 * r['mfu']:>5.1f}% "
               f"{r['peak_after_flops_per_s'] / 1e9:>10.1f}G")
+    if memory:
+        print("memory per update by remat (temp: compiled update's XLA temp buffers; kept: "
+              "what one micro-batch's forward keeps for the backward)")
+        print(f"{'micro':>5} {'remat':<34} {'temp MiB':>9} {'kept MiB':>9}")
+        for r in memory:
+            print(f"{r['micro_batches']:>5} {r['remat']:<34} {r['temp_bytes'] / 2**20:>9.1f} "
+                  f"{r['kept_bytes'] / 2**20:>9.1f}")
 
     out = dict(model=FLAGS.model, num_params=cfg.num_params(),
                matmul_params=bench.matmul_params(cfg), batch=B, seq_len=T,
@@ -181,7 +229,8 @@ def main(argv):
                flops_formula=SHARED_FORMULA if FLAGS.share_prompt else FORMULA,
                matmul_peak=dict(peak, flops_per_s=peak_flops, measurements=peaks),
                backend=jax.default_backend(), device_count=jax.device_count(),
-               cpu_count=os.cpu_count(), machine=platform.machine(), rows=rows)
+               cpu_count=os.cpu_count(), machine=platform.machine(), rows=rows,
+               memory=memory)
     write_json_out(out)
 
 

@@ -44,9 +44,34 @@ def analyze_and_report(sweep_dir: str | None, target, reference: str | None = No
                                      "to write to. Fix: pass --out=DIR")
     out = out or sweep_dir or os.path.dirname(os.path.abspath(csv[0]))
     summary_path = analysis.write_summary(out, summary)
+    _first_block_plan(runs, summary, plans, out)
     report_path = report.render(summary, out, runs,
                                 plans_dir=plans[0] if len(plans) == 1 else out)
     return dict(summary.to_json(), summary_path=summary_path, report_path=report_path)
+
+
+def _first_block_plan(runs, summary, sweep_dirs, out) -> None:
+    """With warm-start blocks and their timing passes: the plan the first block's reference
+    runs give (`plan_compare.first_block_plan`) into OUT/plan_first_block.json, which the
+    report puts beside the measured verdicts; why not, on stderr, when it cannot."""
+    import json
+    import sys
+    from jaxrl_scale.numbers import to_jsonable
+    from jaxrl_scale.scaling import plan_compare
+    if len(sweep_dirs) != 1 or not any(x.block for x in summary.runs.values()):
+        return
+    try:
+        with open(os.path.join(sweep_dirs[0], "timing.json")) as f:
+            timing = json.load(f)
+    except (OSError, ValueError):
+        timing = None
+    plan, why = plan_compare.first_block_plan(runs, summary, timing)
+    path = os.path.join(out, plan_compare.FIRST_BLOCK_PLAN)
+    if plan is None:
+        print(f"no first-block plan: {why}", file=sys.stderr)
+        return
+    with open(path, "w") as f:
+        json.dump(to_jsonable(plan), f, indent=1)
 
 
 def _load(sweep_dir, extra, fmt, overrides):

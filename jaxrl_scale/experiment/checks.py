@@ -272,3 +272,48 @@ def check_packing(cfg: TrainConfig, data_parallel: int | None = None, model_cfg=
                        f"({data_parallel} row(s)) must hold a group of {cfg.group_size} "
                        f"sequences of up to max_prompt_len + max_new_tokens = {T} tokens",
                        f"use --token_budget >= {need}")
+
+
+def check_pass_k(cfg: TrainConfig) -> None:
+    """--pass_k: pass@k draws k of a prompt's eval_samples sampled responses, so each k is an
+    integer in 1..eval_samples, listed once, and the eval samples (not --eval_mode=exact)."""
+    ks = cfg.pass_k
+    if not ks:
+        return
+    bad = [k for k in ks if isinstance(k, bool) or not isinstance(k, int)]
+    if bad:
+        raise _err("pass_k", f"must be integers, got {bad[0]!r}", "pass e.g. --pass_k=1,4")
+    if cfg.eval_mode == "exact":
+        raise _err("pass_k", "pass@k counts sampled responses and --eval_mode=exact samples "
+                   "none", "use --eval_mode=sampled, or drop --pass_k")
+    out = [k for k in ks if not 1 <= k <= cfg.eval_samples]
+    if out:
+        raise _err("pass_k", f"k={out[0]} is outside 1..eval_samples={cfg.eval_samples} "
+                   "(pass@k draws k of each prompt's eval samples)",
+                   "use k >= 1" if out[0] < 1 else f"use k <= {cfg.eval_samples}, or raise "
+                   f"--eval_samples to >= {out[0]}")
+    if len(set(ks)) != len(ks):
+        raise _err("pass_k", f"lists a k twice ({','.join(map(str, ks))})",
+                   "list each k once")
+
+
+def check_loss_recipe(cfg: TrainConfig) -> None:
+    """The ScaleRL / DAPO loss pieces with the rest of the run: CISPO's capped weight replaces
+    PPO's clipped surrogate (so no dual clip, and token-level ratios); --adv_norm scales GRPO's
+    group advantages (PPO whitens GAE's); the overlong buffer lies within the length cap."""
+    lc = cfg.loss
+    if lc.policy_loss == "cispo" and lc.dual_clip:
+        raise _err("dual_clip", f"{lc.dual_clip} bounds PPO's clipped surrogate, which "
+                   "--policy_loss=cispo does not use (its weight is capped at 1 + "
+                   "--cispo_eps_high)", "drop --dual_clip, or use --policy_loss=ppo-clip")
+    if lc.policy_loss == "cispo" and lc.ratio_level != "token":
+        raise _err("ratio_level", f"{lc.ratio_level!r}: --policy_loss=cispo weights each "
+                   "token by its own capped ratio", "use --ratio_level=token with cispo")
+    if cfg.algo == "ppo" and lc.adv_norm != "auto":
+        raise _err("adv_norm", f"{lc.adv_norm!r} scales GRPO's group advantages; PPO's GAE "
+                   "advantages are whitened over the batch instead",
+                   "drop --adv_norm with --algo=ppo (--whiten_advantages sets PPO's)")
+    if cfg.overlong_buffer > cfg.max_new_tokens:
+        raise _err("overlong_buffer", f"{cfg.overlong_buffer} tokens is longer than the "
+                   f"length cap max_new_tokens={cfg.max_new_tokens}",
+                   f"use --overlong_buffer <= {cfg.max_new_tokens} (or 0: off)")

@@ -9,9 +9,10 @@ import os
 import typing
 from typing import Any
 
-from jaxrl_scale.experiment.checks import (check_eval_mode, check_lora, check_mesh, check_paths,
-                                           check_packing, check_refill, check_reward, check_task,
-                                           check_updates, check_wandb)
+from jaxrl_scale.experiment.checks import (check_eval_mode, check_lora, check_loss_recipe,
+                                           check_mesh, check_pass_k, check_paths, check_packing,
+                                           check_refill, check_reward, check_task, check_updates,
+                                           check_wandb)
 from jaxrl_scale.experiment.errors import ConfigError  # noqa: F401  (re-exported)
 from jaxrl_scale.optim import ADAM_RULES
 from jaxrl_scale.rl.config import LOSS_CHOICES, LossConfig, invalid_is_cap
@@ -112,6 +113,14 @@ class TrainConfig:
     refill_prompts: int = 0
     # --- rollout
     max_new_tokens: int = 6
+    # DAPO's length handling (Yu et al. 2025; rl/batch.py): mask_truncated gives a response the
+    # cap cut (no EOS) an empty loss mask (overlong filtering); overlong_buffer = L > 0 adds the
+    # soft overlong punishment to the training reward, -overlong_penalty * (|y| - (Lmax - L))
+    # / L over the cap's last L tokens, Lmax = max_new_tokens (evals never see it; p = 1 is
+    # DAPO's factor). 0: off.
+    mask_truncated: bool = False
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
     # Asynchronous partial rollout (sampling/engine.py, rl/partial.py): B_gen = ratio * B_train
     # sequences in flight; 1 with max_staleness 0 is the synchronous rollout.
     gen_batch_ratio: int = 1
@@ -125,6 +134,11 @@ class TrainConfig:
     loss: LossConfig = dataclasses.field(default_factory=lambda: LossConfig(clip_high=0.28))
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     micro_batches: int = 1
+    # What the update's backward recomputes instead of storing (models/remat.py): "none",
+    # "full" (each decoder layer's forward again: the least activation memory, ~1 more
+    # forward of compute) or a jax.checkpoint_policies name such as dots_saveable. The
+    # same math; not resumable with another value (time_s would mix two update speeds).
+    remat: str = "none"
     # GRPO: pack each row's tokens (no padding) into rows of this many tokens, one per
     # data-parallel shard, and run as many such micro-batches as the lengths need (rl/packed.py;
     # verl ppo_max_token_len_per_gpu, TRL padding_free). 0: the padded update. Packing runs
@@ -160,6 +174,9 @@ class TrainConfig:
     eval_every: int = 5
     eval_prompts: int = 128
     eval_samples: int = 4
+    # pass@k and avg@k over the eval_samples draws per prompt for each k here, each k <=
+    # eval_samples (experiment/records.pass_k_fields); empty: none logged.
+    pass_k: tuple[int, ...] = ()
     # "sampled": eval_samples responses per prompt, scored by the reward; "exact": per prompt
     # the probability that a sampled response earns an exact-match reward, from the policy's
     # token probabilities (rl/exact_eval.py: no sampling noise, one forward pass).
@@ -196,6 +213,9 @@ class TrainConfig:
         if isinstance(targets, str):
             targets = [t.strip() for t in targets.split(",") if t.strip()]
         object.__setattr__(self, "lora_targets", tuple(targets))
+        ks = self.pass_k.split(",") if isinstance(self.pass_k, str) else self.pass_k
+        object.__setattr__(self, "pass_k", tuple(
+            int(k) if isinstance(k, str) and k.strip().isdigit() else k for k in ks))
 
     @property
     def lora(self):
@@ -321,8 +341,9 @@ RANGES: dict[str, tuple[float, float, bool]] = {
         "max_responses", "num_train_examples", "num_test_examples", "max_prompt_len", "seed",
         "warmup_steps", "top_k", "max_grad_norm", "clip_high", "vf_clip", "kl_coef",
         "entropy_coef", "router_aux_coef", "target_margin", "target_evals", "temperature", "dual_clip",
-        "reward_timeout_s", "refill_cap", "refill_prompts", "token_budget")},
-    **{k: (0, _INF, True) for k in ("base_lr", "critic_base_lr", "eps")},
+        "reward_timeout_s", "refill_cap", "refill_prompts", "token_budget", "overlong_buffer",
+        "overlong_penalty")},
+    **{k: (0, _INF, True) for k in ("base_lr", "critic_base_lr", "eps", "cispo_eps_high")},
     **{k: (0, 1, False) for k in ("clip_low", "gamma", "lam", "target")},
     **{k: (0, 1, True) for k in ("top_p",)},
     "b1": (0, 0.999999, False), "b2": (0, 0.999999, False), "max_staleness": (-1, _INF, False),
@@ -334,9 +355,10 @@ INT_FIELDS = {f.name for c in (TrainConfig, OptimConfig, LossConfig, SamplingCon
 @functools.cache
 def _enums() -> dict[str, tuple]:
     from jaxrl_scale.models.config import MOE_DISPATCHES
+    from jaxrl_scale.models.remat import CHOICES as REMAT_CHOICES
     return {"algo": ALGOS, "rollout": ROLLOUTS, "lr_rule": ADAM_RULES, "wandb_mode": WANDB_MODES,
             "eval_mode": EVAL_MODES,
-            "moe_dispatch": MOE_DISPATCHES,
+            "moe_dispatch": MOE_DISPATCHES, "remat": REMAT_CHOICES,
             **LOSS_CHOICES}   # the loss's choices: one table, rl/config.py
 
 
@@ -429,6 +451,8 @@ def validate(cfg: TrainConfig, *, data_parallel: int | None = None,
     check_task(cfg)
     check_reward(cfg)
     check_eval_mode(cfg)
+    check_pass_k(cfg)
+    check_loss_recipe(cfg)
     check_wandb(cfg)
     if data_parallel is not None and cfg.critic_minibatches > 1 and (
             cfg.batch_train // (cfg.micro_batches * cfg.critic_minibatches)) % data_parallel:

@@ -19,11 +19,12 @@ if TYPE_CHECKING:
     from jaxrl_scale.experiment.train import Run
 
 
-# What the step-0 eval depends on: the initial params, the eval prompts and the sampler.
+# What the step-0 eval depends on: the initial params, the eval prompts and the sampler; and
+# the pass@k it reports, keyed only when set (so caches made before it still match).
 _EVAL0_FIELDS = ("model", "hf_checkpoint", "init_checkpoint", "tokenizer", "task", "task_kwargs",
                  "data_dir", "num_train_examples", "num_test_examples", "max_prompt_len",
                  "eval_prompts", "eval_samples", "eval_mode", "temperature", "top_k", "top_p",
-                 "max_new_tokens", "seed", "generate_chunk")
+                 "max_new_tokens", "seed", "generate_chunk", "pass_k")
 
 
 def initial_eval(run: "Run", loop: LoopState, cache_dir: str | None = None
@@ -38,7 +39,7 @@ def initial_eval(run: "Run", loop: LoopState, cache_dir: str | None = None
     if not cache_dir:
         return run.evaluate(loop)
     flat = run.cfg.flat()
-    key = {k: flat[k] for k in _EVAL0_FIELDS}
+    key = {k: flat[k] for k in _EVAL0_FIELDS if k != "pass_k" or flat[k]}
     for k in ("hf_checkpoint", "init_checkpoint"):
         if key[k]:
             key[k + "_mtime"] = os.path.getmtime(os.path.expanduser(key[k]))

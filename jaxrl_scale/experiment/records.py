@@ -1,6 +1,7 @@
 """What the training loop's records hold, from the step's outputs: the update's metrics as
-JSON (`step_metrics`), the eval score's standard error (`eval_se`), and the streak of skipped
-non-finite updates that stops a run that cannot learn (`skipped_streak`)."""
+JSON (`step_metrics`), the eval score's standard error (`eval_se`) and pass@k / avg@k
+(`pass_k_fields`), and the streak of skipped non-finite updates that stops a run that cannot
+learn (`skipped_streak`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -24,6 +25,41 @@ def eval_se(ok_PK: np.ndarray) -> float | None:
         return None
     var_P = np.var(ok_PK.astype(np.float64), axis=1, ddof=1)
     return float(np.sqrt(var_P.sum() / K) / P)
+
+
+def pass_at_k(n: int, c_P: np.ndarray, k: int) -> np.ndarray:
+    """Unbiased pass@k of each prompt from n samples of which c_P were correct (Chen et al.
+    2021, "Evaluating Large Language Models Trained on Code", eq. 1):
+        1 - C(n - c, k) / C(n, k) = 1 - prod_{i = n - c + 1}^{n} (1 - k / i)
+    the probability that k of the n samples drawn without replacement hold a correct one. The
+    product form never forms a binomial coefficient (exact in float64 for any n); with
+    n - c < k the product has its i = k factor, 0, so pass@k = 1."""
+    n, k = int(n), int(k)
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n, got k={k}, n={n}")
+    c_P = np.asarray(c_P, np.int64)
+    i_N = np.arange(1, n + 1, dtype=np.float64)
+    factor_PN = np.where(i_N[None, :] > (n - c_P)[:, None], 1.0 - k / i_N[None, :], 1.0)
+    return 1.0 - np.prod(factor_PN, axis=1)
+
+
+def pass_k_fields(ok_PN: np.ndarray, ks) -> dict[str, float | None]:
+    """The eval record's pass@k and avg@k for each k in `ks`, from ok_PN (P prompts x n samples
+    graded), each the mean over prompts with its standard error over prompts,
+    std_{P-1} / sqrt(P) (None for one prompt): pass@k (`pass_at_k`) and avg@k, the expected
+    accuracy of the mean of k draws, which is the n samples' accuracy for every k <= n."""
+    P, n = ok_PN.shape
+    c_P = np.asarray(ok_PN, bool).sum(axis=1)
+
+    def mean_se(x_P: np.ndarray) -> tuple[float, float | None]:
+        se = float(np.std(x_P, ddof=1) / np.sqrt(P)) if P > 1 else None
+        return float(np.mean(x_P)), se
+
+    out: dict[str, float | None] = {}
+    for k in ks:
+        for name, x_P in ((f"pass@{k}", pass_at_k(n, c_P, k)), (f"avg@{k}", c_P / n)):
+            out[name], out[f"{name}_se"] = mean_se(x_P)
+    return out
 
 
 def _updates_made(empty_U) -> Any:

@@ -46,7 +46,8 @@ from jaxrl_scale.experiment.eval_cache import initial_eval
 from jaxrl_scale.experiment.inputs import load_inputs
 from jaxrl_scale.experiment.metrics import MetricsLog
 from jaxrl_scale.experiment.records import (NONFINITE_STREAK, NonfiniteUpdatesError, eval_se,
-                                            skipped_streak, step_metrics, target_stop)
+                                            pass_k_fields, skipped_streak, step_metrics,
+                                            target_stop)
 from jaxrl_scale.experiment.rundir import DONE_FILE, claim_run_dir, done_counters
 from jaxrl_scale.experiment.writers import close_all, make_writers, write_all
 from jaxrl_scale.models import init_params, load_hf
@@ -179,7 +180,7 @@ class Run:
             options = StepOptions(self.model_cfg, tx, cfg.loss, cfg.micro_batches, lr_fn=lr_fn,
                                   group_size=cfg.group_size,
                                   shared_prompt_len=self.shared_prompt_len, num_minibatches=U,
-                                  epochs=E,
+                                  epochs=E, remat=cfg.remat,
                                   lora_scale=self.lora.scale if self.lora else None)
         else:
             ctx, clr_fn = optimizer_for(cfg, cfg.optim.critic_base_lr,
@@ -190,7 +191,7 @@ class Run:
             self.init_states += (_state(self.mesh, self.model_cfg, critic, ctx, cfg.seed + 1),)
             options = StepOptions(self.model_cfg, tx, cfg.loss, cfg.micro_batches, lr_fn=lr_fn,
                                   critic_tx=ctx, critic_lr_fn=clr_fn, num_minibatches=U,
-                                  epochs=E,
+                                  epochs=E, remat=cfg.remat,
                                   critic_minibatches=cfg.critic_minibatches,
                                   critic_epochs=cfg.critic_epochs)
         self.step_fn = make_train_step(grpo_step if cfg.algo == "grpo" else ppo_step,
@@ -361,7 +362,10 @@ class Run:
         batch, accounting = rollout_batch(r.prompts, r.tokens_BM, r.logprobs_BM, r.lengths_B,
                                           rewards_B, prompt_len=self.prompt_len,
                                           pad_id=self.tok.pad_id, group_size=cfg.group_size,
-                                          filter_zero_variance=cfg.filters_groups)
+                                          filter_zero_variance=cfg.filters_groups,
+                                          eos_id=self.tok.eos_id, mask_truncated=cfg.mask_truncated,
+                                          overlong_buffer=cfg.overlong_buffer,
+                                          overlong_penalty=cfg.overlong_penalty)
         if refill is not None:   # the rounds' counts, not the trained batch's
             accounting.update(refill.counts)
         rec: dict[str, Any] = {}
@@ -412,8 +416,7 @@ class Run:
         loop = loop.replace(reward_failures=loop.reward_failures + f_sampled + f_greedy)
         return loop, {"score": float(ok_PK.mean()), "eval_n": int(ok_PK.size),
                       "eval_se": eval_se(ok_PK), "score_greedy": float((r_greedy > 0).mean()),
-                      "eval_n_greedy": int(r_greedy.size)}
-
+                      "eval_n_greedy": int(r_greedy.size), **pass_k_fields(ok_PK, cfg.pass_k)}
 
     def _evaluate_exact(self, loop: LoopState, params, seed):
         """Mean P_exact over the eval prompts (rl/exact_eval.py): no sampling noise, so no

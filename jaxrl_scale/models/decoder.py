@@ -30,9 +30,11 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxrl_scale.models import moe, packing
 from jaxrl_scale.models.config import ModelConfig
+from jaxrl_scale.models.remat import DENSE, remat_block
 
 Params = dict[str, Any]
 _NEG_INF = -1e30  # finite: a fully masked (padding) query row must not produce NaN
@@ -182,8 +184,9 @@ def dense(x, w, n_in: int = 1):
     of the [in, out] result; XLA:CPU then materialises g transposed ([out, B*T], fused with
     the elementwise backward of its producer), which on `rl_cpu` cost as much as the matmul.
     Same math either way; `tests/test_decoder.py` checks the gradients against autodiff's.
+    The output is named DENSE: remat's dot policies see a custom VJP as no dot (remat.py).
     """
-    return _dense(x, w, n_in)
+    return checkpoint_name(_dense(x, w, n_in), DENSE)
 
 
 def _dense_dims(x_ndim, n_in):
@@ -394,7 +397,7 @@ def logits_from_hidden(cfg: ModelConfig, params: Params, h_BTD) -> jax.Array:
 # ----------------------------------------------------------------------------- full sequences
 
 def hidden_states(cfg: ModelConfig, params: Params, tokens_BT, valid_BT=None, *,
-                  remat: bool = False, return_router_logits: bool = False,
+                  remat: bool | str = False, return_router_logits: bool = False,
                   segment_ids_BT=None, window: int = 0) -> jax.Array:
     """Residual stream before the final norm, [B, T, D]. Used by the LM head and value heads.
 
@@ -419,8 +422,7 @@ def hidden_states(cfg: ModelConfig, params: Params, tokens_BT, valid_BT=None, *,
     def block(x, lp):
         return _layer(cfg, lp, x, rope_BT, attend, with_router=return_router_logits)
 
-    if remat:
-        block = jax.checkpoint(block)
+    block = remat_block(block, remat)   # remat: False/True, "none", "full" or a policy name
     x_BTD = embed(cfg, params, tokens_BT)
     router_L = []
     for i in range(cfg.num_layers):
@@ -438,7 +440,7 @@ def _check_router(cfg, return_router_logits):
 
 
 def response_hidden_states(cfg: ModelConfig, params: Params, tokens_BT, valid_BT, *,
-                           prompt_len: int, group: int, remat: bool = False,
+                           prompt_len: int, group: int, remat: bool | str = False,
                            return_router_logits: bool = False) -> jax.Array:
     """`hidden_states` at positions prompt_len - 1 .. T - 2, [B, R, D] with R = T - prompt_len:
     the positions whose logits score the response tokens prompt_len .. T - 1.
@@ -487,8 +489,7 @@ def response_hidden_states(cfg: ModelConfig, params: Params, tokens_BT, valid_BT
         return (_layer_rest(cfg, lp, x_PTD, _attention(qp, kp, vp, mask_PTT), **kw),
                 _layer_rest(cfg, lp, x_BRD, _attention(qr, k_BSKH, v_BSKH, mask_BRS), **kw))
 
-    if remat:
-        block = jax.checkpoint(block)
+    block = remat_block(block, remat)
     xs = (embed(cfg, params, first_of_group(tokens_BT)), embed(cfg, params, tokens_BT[:, Tp:]))
     router_L = []
     for i in range(cfg.num_layers):
@@ -503,7 +504,7 @@ def response_hidden_states(cfg: ModelConfig, params: Params, tokens_BT, valid_BT
 
 
 def forward(cfg: ModelConfig, params: Params, tokens_BT, valid_BT=None, *,
-            remat: bool = False) -> jax.Array:
+            remat: bool | str = False) -> jax.Array:
     """Causal forward over full sequences -> float32 logits [B, T, V].
 
     With `valid_BT`, padded tokens (left-padded prompts, right-padded responses) are neither
@@ -514,7 +515,7 @@ def forward(cfg: ModelConfig, params: Params, tokens_BT, valid_BT=None, *,
 
 
 def forward_with_aux(cfg: ModelConfig, params: Params, tokens_BT, valid_BT=None, *,
-                     remat: bool = False) -> tuple[jax.Array, dict[str, jax.Array]]:
+                     remat: bool | str = False) -> tuple[jax.Array, dict[str, jax.Array]]:
     """`forward` plus auxiliaries of a mixture-of-experts model: (logits_BTV, aux) with
     aux["router_logits_LBTE"] (float32) and aux["router_aux_loss"], the load-balancing loss
     over the valid tokens (moe.load_balancing_loss; HF's output_router_logits=True)."""

@@ -111,7 +111,8 @@ def render(summary, out_dir: str, runs: Sequence[Run] = (), plans_dir: str | Non
     det = _details(summary)
     if det:
         md += ["## Details", ""] + [f"- {s}" for s in det] + [""]
-    md += planner_lines(plans_dir or out_dir, summary, p, drawn)
+    for d in dict.fromkeys([plans_dir or out_dir, out_dir]):   # the sweep's plans, then ours
+        md += planner_lines(d, summary, p, drawn)
     md += ["## Figures", ""]
     for f in drawn:
         b = os.path.basename(f)

@@ -382,8 +382,12 @@ def planner_lines(root: str, summary: Summary, path, drawn: list) -> list[str]:
             continue
         counts = planner.compare_counts(rows)
         rec = plan["recommended"]
+        fb = plan.get("first_block")
+        probe = (f"the {len(fb['probe_runs'])} reference runs of warm-start block {fb['block']} "
+                 "alone, as a plan made before the other blocks; " if fb else "")
         md += [f"## Planner predictions vs measured ({os.path.basename(plan_path)})", "",
-               f"Probe at B0 = {fmt(plan['reference_batch'])}: {plan.get('noise_of', 'actor')} "
+               f"Probe at B0 = {fmt(plan['reference_batch'])} ({probe}"
+               f"{plan.get('b_crit_rule', 'B_crit = B_simple')}): {plan.get('noise_of', 'actor')} "
                f"B_simple = {fmt_ci(plan['B_simple'], plan['B_simple_ci'])}; recommended "
                f"B = {fmt(rec['batch'])} (range {fmt(rec['range'][0])}..{fmt(rec['range'][1])}). "
                "✓ measured point inside the predicted interval, ~ intervals overlap, x disjoint.",

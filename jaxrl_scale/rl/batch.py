@@ -59,16 +59,54 @@ def pack_sequences(prompts: Sequence[Sequence[int]], responses_BM: np.ndarray,
     return {"tokens_BT": tokens_BT, "valid_BT": valid_BT, "response_BT": response_BT}
 
 
+def truncated_rows(tokens_BM: np.ndarray, lengths_B: np.ndarray, eos_id: Optional[int]
+                   ) -> np.ndarray:
+    """bool [B]: the responses the length cap cut, M = tokens_BM.shape[1] tokens without an
+    EOS at the end (a response stops at its EOS, so one that ends in EOS was not cut; with no
+    EOS token every response of M tokens was)."""
+    tokens_BM, lengths_B = np.asarray(tokens_BM), np.asarray(lengths_B)
+    full_B = lengths_B >= tokens_BM.shape[1]
+    if eos_id is None:
+        return full_B
+    return full_B & (tokens_BM[:, -1] != eos_id)
+
+
+def overlong_reward(lengths_B: np.ndarray, max_len: int, buffer: int, penalty: float
+                    ) -> np.ndarray:
+    """DAPO's soft overlong punishment (Yu et al. 2025), float32 [B], added to the
+    reward of a response of |y| = lengths_B tokens (EOS included) under the cap Lmax = max_len,
+    with L = buffer and p = penalty:
+        0                                   |y| <= Lmax - L
+        -p (|y| - (Lmax - L)) / L           Lmax - L < |y| <= Lmax
+        -p                                  |y| > Lmax
+    0 everywhere when buffer is 0 (off)."""
+    lengths_B = np.asarray(lengths_B, np.float64)
+    if not buffer:
+        return np.zeros(lengths_B.shape, np.float32)
+    over_B = np.clip((lengths_B - (max_len - buffer)) / buffer, 0.0, 1.0)
+    return (-penalty * over_B).astype(np.float32)
+
+
 def rollout_batch(prompts: Sequence[Sequence[int]], tokens_BM: np.ndarray,
                   logprobs_BM: np.ndarray, lengths_B: np.ndarray, rewards_B: np.ndarray, *,
                   prompt_len: int, pad_id: int, group_size: int = 1,
-                  filter_zero_variance: bool = False) -> tuple[RolloutBatch, dict[str, int]]:
+                  filter_zero_variance: bool = False, eos_id: Optional[int] = None,
+                  mask_truncated: bool = False, overlong_buffer: int = 0,
+                  overlong_penalty: float = 1.0) -> tuple[RolloutBatch, dict[str, Any]]:
     """`sampling.generate` output + rewards -> (the update batch, its accounting).
 
     filter_zero_variance (GRPO, G > 1): groups whose rewards are all equal carry no learning
     signal; their rows stay in the batch (fixed shapes) with an empty loss mask. Accounting:
     generated = B, retained = rows the loss sees, zero_var_groups = groups with equal rewards
     (counted whether or not they are filtered).
+
+    DAPO's length handling (Yu et al. 2025), the cap being M = tokens_BM.shape[1]:
+    mask_truncated (overlong filtering): the rows the cap cut (`truncated_rows`, by eos_id) get
+    an empty loss mask too (a cut response's reward judges unfinished work); their rewards
+    still enter their group's advantages; accounting adds truncated = their count.
+    overlong_buffer = L > 0 (soft overlong punishment): batch.rewards_B gets `overlong_penalty`
+    added; the groups are filtered on the rewards as given (the task's, as verl's dynamic
+    sampling filters on accuracy); accounting adds overlong_penalty_mean.
     """
     B = len(rewards_B)
     G = int(group_size)
@@ -83,11 +121,20 @@ def rollout_batch(prompts: Sequence[Sequence[int]], tokens_BM: np.ndarray,
     zero_var_P = groups_PG.max(1) == groups_PG.min(1)
     keep_B = np.repeat(~zero_var_P, G) if (filter_zero_variance and G > 1) else \
         np.ones((B,), bool)
+    truncated_B = truncated_rows(tokens_BM, lengths_B, eos_id)
+    if mask_truncated:
+        keep_B = keep_B & ~truncated_B
+    penalty_B = overlong_reward(lengths_B, np.shape(tokens_BM)[1], overlong_buffer,
+                                overlong_penalty)
     batch = RolloutBatch(tokens_BT=packed["tokens_BT"], valid_BT=packed["valid_BT"],
                          loss_mask_BT=response_BT & keep_B[:, None], old_logp_BT=old_logp_BT,
-                         rewards_B=np.asarray(rewards_B, np.float32))
-    accounting = {"retained": int(keep_B.sum()), "generated": B,
-                  "zero_var_groups": int(zero_var_P.sum())}
+                         rewards_B=np.asarray(rewards_B, np.float32) + penalty_B)
+    accounting: dict[str, Any] = {"retained": int(keep_B.sum()), "generated": B,
+                                  "zero_var_groups": int(zero_var_P.sum())}
+    if mask_truncated:
+        accounting["truncated"] = int(truncated_B.sum())
+    if overlong_buffer:
+        accounting["overlong_penalty_mean"] = float(penalty_B.mean())
     return batch, accounting
 
 
@@ -105,4 +152,5 @@ def check_shared_prompts(batch: RolloutBatch, prompt_len: int, group_size: int) 
                              "to score every row on its own)")
 
 
-__all__ = ["RolloutBatch", "check_shared_prompts", "pack_sequences", "rollout_batch"]
+__all__ = ["RolloutBatch", "check_shared_prompts", "overlong_reward", "pack_sequences",
+           "rollout_batch", "truncated_rows"]

@@ -16,7 +16,8 @@ from jaxrl_scale.rl import losses
 
 # LossConfig fields that name one of a fixed set of choices.
 LOSS_CHOICES = {"advantage": losses.ADVANTAGE_ESTIMATORS, "agg": losses.AGG_MODES,
-                "kl_kind": losses.KL_KINDS, "ratio_level": losses.RATIO_LEVELS}
+                "kl_kind": losses.KL_KINDS, "ratio_level": losses.RATIO_LEVELS,
+                "policy_loss": losses.POLICY_LOSSES, "adv_norm": losses.ADV_NORMS}
 
 
 def invalid_choice(field: str, value: Any) -> Optional[str]:
@@ -56,6 +57,16 @@ class LossConfig:
     # response, exp of its mean token log-ratio, clipped by clip_low / clip_high (GSPO's
     # own objective also averages per sequence: agg="seq-mean-token-mean").
     ratio_level: str = "token"
+    # The policy-gradient term (losses.policy_loss): "ppo-clip", the clipped surrogate above,
+    # or "cispo", MiniMax-M1's truncated-IS REINFORCE that ScaleRL (Khatri et al. 2025) uses,
+    # -sg(min(r, 1 + cispo_eps_high)) A logp. Default cap 1 + 3 = 4: ScaleRL's eps_max = 4,
+    # which it writes as min(r, eps_max); MiniMax-M1 writes the bound as 1 + eps_high.
+    policy_loss: str = "ppo-clip"
+    cispo_eps_high: float = 3.0
+    # The advantages' scale on top of `advantage` (losses.group_advantages): "group" (the
+    # group's reward std), "batch" (the std over the batch, ScaleRL's), "none", or "auto":
+    # the estimator's own (grpo: group; drgrpo, rloo: none), so existing runs are unchanged.
+    adv_norm: str = "auto"
     kl_coef: float = 0.0           # KL to a frozen reference; needs batch.ref_logp_BT
     kl_kind: str = "k3"
     entropy_coef: float = 0.0      # entropy bonus: loss -= coef * aggregate(entropy)
@@ -78,6 +89,9 @@ class LossConfig:
         why = invalid_is_cap(self.is_cap)
         if why:
             raise ValueError(f"LossConfig.is_cap={self.is_cap} {why}")
+        if not (math.isfinite(self.cispo_eps_high) and self.cispo_eps_high > 0):
+            raise ValueError(f"LossConfig.cispo_eps_high={self.cispo_eps_high} must be finite "
+                             "and > 0 (CISPO's weight cap is 1 + it)")
 
 
 def invalid_is_cap(cap: float) -> Optional[str]:
@@ -102,7 +116,8 @@ class StepOptions:
     cfg: the model; tx / lr_fn: the policy's (PPO: the actor's) optimizer and the lr it uses at
     an update count (lr_fn None: no "lr" metric); loss_cfg: the loss; micro_batches: gradient
     accumulation steps per update; num_minibatches x epochs: optimizer updates per call;
-    remat: rematerialise the decoder layers; with_grads: return the pre-clip gradients.
+    remat: rematerialise the decoder layers (False / True, or "none", "full" or a policy
+    name: models/remat.py); with_grads: return the pre-clip gradients.
     GRPO only: group_size (rows per prompt group) and shared_prompt_len (run each group's
     prompt once). PPO only: the critic's optimizer, lr and schedule (critic_minibatches /
     critic_epochs None: the actor's). lora_scale: see the field.
@@ -114,7 +129,7 @@ class StepOptions:
     micro_batches: int = 1
     num_minibatches: int = 1
     epochs: int = 1
-    remat: bool = False
+    remat: bool | str = False
     lr_fn: Optional[Callable] = None
     with_grads: bool = False
     group_size: int = 1

@@ -16,10 +16,14 @@ import jax.numpy as jnp
 Array = jax.Array
 
 ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo")
+# The scale of the advantages on top of the estimator: "auto" is the estimator's own (grpo:
+# "group", drgrpo / rloo: "none"), so a run that does not name one is unchanged.
+ADV_NORMS = ("auto", "group", "batch", "none")
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-             "seq-mean-token-sum-norm")
+             "seq-mean-token-sum-norm", "prompt-mean")
 KL_KINDS = ("k1", "k2", "k3")
 RATIO_LEVELS = ("token", "sequence")
+POLICY_LOSSES = ("ppo-clip", "cispo")
 
 # Log-ratios are clamped before exp(): e^20 is already meaningless as a ratio, e^89 overflows f32.
 _LOG_RATIO_BOUND = 20.0
@@ -48,7 +52,8 @@ def _pow2_exponent(x: Array) -> Array:
 
 
 def group_advantages(rewards_N: Array, group_size: int, *, estimator: str = "grpo",
-                     eps: float = 1e-6) -> Array:
+                     eps: float = 1e-6, norm: str = "auto",
+                     valid_N: Optional[Array] = None) -> Array:
     """Outcome advantages shared within each prompt's group of G responses.
 
     Rows are prompt-major: rows i*G .. i*G+G-1 answer prompt i.
@@ -56,19 +61,29 @@ def group_advantages(rewards_N: Array, group_size: int, *, estimator: str = "grp
       "drgrpo" (Liu et al. 2025, "Understanding R1-Zero-Like Training"): A_i = r_i - mean
       "rloo"   (Ahmadian et al. 2024; Kool et al. 2019): A_i = r_i - mean_{j != i} r_j
                 = G / (G - 1) * (r_i - mean)
+    `norm` picks the scale on top of the estimator's centring c_i (r_i - mean, rloo's
+    G / (G - 1) times it): "group" c_i / (std_{N-1} of the group's rewards + eps), "batch"
+    c_i / (std_{N-1} of c over the batch's rows + eps) (ScaleRL's batch-level normalisation,
+    Khatri et al. 2025; the rows where valid_N != 0, default all: a filtered group's rows do
+    not shrink it), "none" c_i; "auto" is the estimator's own (grpo: group, else none), so
+    drgrpo is grpo with norm="none".
     A group whose rewards are all equal gets exactly 0 under every estimator: it carries no
     signal, and the floating-point residue of r - mean must not leak through.
     """
     if estimator not in ADVANTAGE_ESTIMATORS:
         raise ValueError(f"estimator={estimator!r}; valid estimators: {ADVANTAGE_ESTIMATORS}")
+    if norm not in ADV_NORMS:
+        raise ValueError(f"norm={norm!r}; valid advantage norms: {ADV_NORMS}")
+    if norm == "auto":
+        norm = "group" if estimator == "grpo" else "none"
     rewards_N = jnp.asarray(rewards_N)
     group_size = int(group_size)
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got group_size={group_size}")
-    if estimator in ("grpo", "rloo") and group_size < 2:
+    if (estimator == "rloo" or norm == "group") and group_size < 2:
         raise ValueError(
-            f"estimator={estimator!r} needs group_size >= 2 (unbiased std / leave-one-out "
-            f"mean), got group_size={group_size}")
+            f"estimator={estimator!r} with norm={norm!r} needs group_size >= 2 (unbiased std "
+            f"/ leave-one-out mean), got group_size={group_size}")
     if rewards_N.ndim != 1 or rewards_N.shape[0] % group_size != 0:
         raise ValueError(
             f"rewards_N must be 1-D with a length divisible by group_size; got shape "
@@ -79,29 +94,45 @@ def group_advantages(rewards_N: Array, group_size: int, *, estimator: str = "grp
 
     def estimate(x_PG, eps_P1):
         centered_PG = x_PG - jnp.mean(x_PG, axis=1, keepdims=True)
-        if estimator == "grpo":
+        if estimator == "rloo":
+            centered_PG = centered_PG * (group_size / (group_size - 1))
+        if norm == "group":
             return centered_PG / (jnp.std(x_PG, axis=1, keepdims=True, ddof=1) + eps_P1)
-        if estimator == "drgrpo":
-            return centered_PG
-        return centered_PG * (group_size / (group_size - 1))
+        return centered_PG
 
     # A group with some |r| > 1 is multiplied by 1/s, s a power of two >= max|r|: the sum in the
     # mean and the squares in the std then stay far below the float32 limit for any finite
     # reward (|r| up to 3.4e38; r^2 would overflow from 1.8e19). Scaling by 2^-k is exact and
     # the formulas are unchanged: (r - mean) / (std + eps) = (r/s - mean/s) / (std/s + eps/s);
-    # drgrpo / rloo scale back by s. Groups with every |r| <= 1 (the usual 0/1 rewards) take
-    # the unscaled expression itself, so the update's program for them is the one it was.
+    # unscaled ones (norm none / batch) scale back by s. Groups with every |r| <= 1 (the usual
+    # 0/1 rewards) take the unscaled expression itself, so the update's program for them is
+    # the one it was.
     max_P1 = jnp.max(jnp.abs(r_PG), axis=1, keepdims=True)
     k_P1 = _pow2_exponent(max_P1)
     one_P1 = jnp.ones_like(r_PG[:, :1])
     scale_P1, inv_P1 = jnp.ldexp(one_P1, k_P1), jnp.ldexp(one_P1, -k_P1)   # s, 1/s: exact
     scaled_PG = estimate(r_PG * inv_P1, eps * inv_P1)
-    if estimator != "grpo":
+    if norm != "group":
         scaled_PG = scaled_PG * scale_P1
     adv_PG = jnp.where(max_P1 > 1.0, scaled_PG, estimate(r_PG, eps))
     constant_P1 = jnp.max(r_PG, axis=1, keepdims=True) == jnp.min(r_PG, axis=1, keepdims=True)
     adv_PG = jnp.where(constant_P1, 0.0, adv_PG)
-    return adv_PG.reshape(n)
+    adv_N = adv_PG.reshape(n)
+    return _batch_normalised(adv_N, valid_N, eps) if norm == "batch" else adv_N
+
+
+def _batch_normalised(c_N: Array, valid_N: Optional[Array], eps: float) -> Array:
+    """c / (std_{N-1} of c over the valid rows + eps), computed on c / s with s = 2^k >= max|c|
+    (exact, as in group_advantages): the squares stay finite for any finite c. 0 where c is
+    (a constant group stays exactly 0); fewer than 2 valid rows: c / (0 + eps)."""
+    v_N = jnp.ones_like(c_N) if valid_N is None else _f32(jnp.asarray(valid_N) != 0)
+    k = _pow2_exponent(jnp.max(jnp.abs(c_N) * v_N))
+    inv = jnp.ldexp(jnp.ones([], jnp.float32), -k)
+    x_N = c_N * inv
+    count = jnp.sum(v_N)
+    mean = jnp.sum(x_N * v_N) / jnp.maximum(count, 1.0)
+    var = jnp.sum(jnp.square(x_N - mean) * v_N) / jnp.maximum(count - 1.0, 1.0)
+    return x_N / (jnp.sqrt(var) + eps * inv)
 
 
 def gae(rewards_BT: Array, values_BT: Array, mask_BT: Array, *, gamma: float = 1.0,
@@ -156,14 +187,18 @@ def masked_whiten(x_BT: Array, mask_BT: Array, shift_mean: bool = True,
 # ----------------------------------------------------------------------------- aggregation
 
 
-def aggregate(x_BT: Array, mask_BT: Array, mode: str) -> Array:
-    """Reduce per-token values to a scalar (verl's `agg_loss` modes).
+def aggregate(x_BT: Array, mask_BT: Array, mode: str, group_size: int = 1) -> Array:
+    """Reduce per-token values to a scalar (verl's `agg_loss` modes, and ScaleRL's prompt mean).
 
       token-mean               sum(x m) / sum(m)                       (DAPO, Yu et al. 2025)
       seq-mean-token-mean      mean, over rows with >= 1 valid token, of per-row token means
                                (original GRPO, Shao et al. 2024)
       seq-mean-token-sum       mean over all rows of per-row token sums
       seq-mean-token-sum-norm  sum(x m) / T, T the padded length    (Dr.GRPO, Liu et al. 2025)
+      prompt-mean              mean, over prompt groups (G = group_size consecutive rows) with
+                               >= 1 valid token, of the group's sum(x m) / sum(m): every
+                               prompt weighs the same, every token within it too (ScaleRL's
+                               prompt-level aggregation, Khatri et al. 2025; MiniMax-M1's)
 
     Denominators are guarded with max(., 1): all-masked rows or batches give 0, never NaN.
     """
@@ -171,6 +206,15 @@ def aggregate(x_BT: Array, mask_BT: Array, mode: str) -> Array:
         raise ValueError(f"unknown aggregation mode={mode!r}; valid modes: {AGG_MODES}")
     m_BT = _f32(mask_BT)
     xm_BT = _f32(x_BT) * m_BT
+    if mode == "prompt-mean":
+        B, G = m_BT.shape[0], int(group_size)
+        if G < 1 or B % G:
+            raise ValueError(f"prompt-mean needs rows in whole groups: {B} rows, "
+                             f"group_size={group_size}")
+        count_P = jnp.sum(m_BT.reshape(B // G, -1), axis=1)
+        mean_P = jnp.sum(xm_BT.reshape(B // G, -1), axis=1) / jnp.maximum(count_P, 1.0)
+        has_tokens_P = _f32(count_P > 0)
+        return jnp.sum(mean_P * has_tokens_P) / jnp.maximum(jnp.sum(has_tokens_P), 1.0)
     if mode == "token-mean":
         return jnp.sum(xm_BT) / jnp.maximum(jnp.sum(m_BT), 1.0)
     if mode == "seq-mean-token-mean":
@@ -209,8 +253,11 @@ def policy_loss(logp_BT: Array, old_logp_BT: Array, advantages_BT: Array, mask_B
                 clip_low: float = 0.2, clip_high: float = 0.2,
                 dual_clip: Optional[float] = None, agg: str = "token-mean",
                 prox_logp_BT: Optional[Array] = None, is_cap: Optional[float] = None,
-                ratio_level: str = "token") -> tuple[Array, dict[str, Array]]:
-    """PPO clipped surrogate (Schulman et al. 2017, eq. 7) with asymmetric and dual clipping.
+                ratio_level: str = "token", objective: str = "ppo-clip",
+                cispo_eps_high: float = 3.0,
+                group_size: int = 1) -> tuple[Array, dict[str, Array]]:
+    """PPO clipped surrogate (Schulman et al. 2017, eq. 7) with asymmetric and dual clipping,
+    or (objective="cispo") CISPO's truncated-IS REINFORCE.
 
       r = exp(clamp(logp - logp_old, -20, 20))
       L = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))   (clip-higher: DAPO, Yu et al. 2025)
@@ -230,6 +277,15 @@ def policy_loss(logp_BT: Array, old_logp_BT: Array, advantages_BT: Array, mask_B
     ratio s_i = exp(mean over its valid tokens of (logp - logp_centre)) (`sequence_log_ratio`),
     gradient through the mean; the clips act on s_i. Valid tokens are where mask_BT != 0.
 
+    objective="cispo" (MiniMax-M1, Chen et al. 2025; the loss of ScaleRL, Khatri et al. 2025):
+      L = -sg(min(r, 1 + cispo_eps_high)) * A * logp
+    REINFORCE whose importance weight is capped and held constant, so a token whose ratio ran
+    past the cap still gets a gradient (PPO's clip would zero it). clip_low / clip_high are
+    not used; dual_clip and ratio_level="sequence" are refused. Its clipfrac counts tokens
+    with A != 0 whose weight hit the cap (upper: A > 0, lower: A < 0).
+
+    Aggregation `agg` over mask_BT (`aggregate`; group_size for "prompt-mean").
+
     Metrics (token-mean over valid tokens, no gradient): clipfrac (= upper + lower),
     clipfrac_upper (A > 0, r > 1 + clip_high), clipfrac_lower (A < 0, r < 1 - clip_low),
     dual_clipfrac, approx_kl (k3 of behaviour vs current policy), ratio_mean; with is_cap
@@ -245,6 +301,13 @@ def policy_loss(logp_BT: Array, old_logp_BT: Array, advantages_BT: Array, mask_B
     if is_cap is not None and not (is_cap > 0 and prox_logp_BT is not None):
         raise ValueError(f"is_cap must be > 0 (or None to disable) and needs prox_logp_BT "
                          f"(the trainer's log-probs), got is_cap={is_cap}")
+    if objective not in POLICY_LOSSES:
+        raise ValueError(f"objective={objective!r}; valid policy losses: {POLICY_LOSSES}")
+    if objective == "cispo" and not (cispo_eps_high > 0 and dual_clip is None
+                                     and ratio_level == "token"):
+        raise ValueError(f"cispo needs cispo_eps_high > 0, no dual_clip and token-level "
+                         f"ratios; got cispo_eps_high={cispo_eps_high}, dual_clip={dual_clip}, "
+                         f"ratio_level={ratio_level!r}")
     logp_BT = _f32(logp_BT)
     old_logp_BT = _f32(old_logp_BT)
     adv_BT = _f32(advantages_BT)
@@ -254,21 +317,26 @@ def policy_loss(logp_BT: Array, old_logp_BT: Array, advantages_BT: Array, mask_B
     if ratio_level == "sequence":
         log_ratio_BT = sequence_log_ratio(log_ratio_BT, mask_BT)
     ratio_BT = jnp.exp(log_ratio_BT)
-    unclipped_BT = -adv_BT * ratio_BT
-    clipped_BT = -adv_BT * jnp.clip(ratio_BT, 1.0 - clip_low, 1.0 + clip_high)
-    loss_BT = jnp.maximum(unclipped_BT, clipped_BT)
-    is_clipped_BT = clipped_BT > unclipped_BT
+    sg = jax.lax.stop_gradient
+    if objective == "cispo":
+        cap = 1.0 + cispo_eps_high
+        loss_BT = -sg(jnp.minimum(ratio_BT, cap)) * adv_BT * logp_BT
+        is_clipped_BT = (ratio_BT > cap) & (adv_BT != 0)
+    else:
+        unclipped_BT = -adv_BT * ratio_BT
+        clipped_BT = -adv_BT * jnp.clip(ratio_BT, 1.0 - clip_low, 1.0 + clip_high)
+        loss_BT = jnp.maximum(unclipped_BT, clipped_BT)
+        is_clipped_BT = clipped_BT > unclipped_BT
     if dual_clip is not None:
         floor_BT = -dual_clip * adv_BT
         dual_BT = (adv_BT < 0) & (loss_BT > floor_BT)
         loss_BT = jnp.where(dual_BT, floor_BT, loss_BT)
     else:
         dual_BT = jnp.zeros_like(is_clipped_BT)
-    sg = jax.lax.stop_gradient
     if prox_logp_BT is not None:
         w_BT = sg(importance_weights(centre_logp_BT, old_logp_BT, is_cap))
         loss_BT = loss_BT * w_BT
-    loss = aggregate(loss_BT, mask_BT, agg)
+    loss = aggregate(loss_BT, mask_BT, agg, group_size)
 
     metrics = {
         "clipfrac": _masked_mean(is_clipped_BT, mask_BT),
@@ -367,7 +435,7 @@ def token_logprobs(logits_BTV: Array, tokens_BT: Array, temperature: float = 1.0
 
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS", "AGG_MODES", "KL_KINDS", "RATIO_LEVELS",
+    "ADVANTAGE_ESTIMATORS", "ADV_NORMS", "AGG_MODES", "KL_KINDS", "POLICY_LOSSES", "RATIO_LEVELS",
     "group_advantages", "gae", "masked_whiten", "aggregate", "kl_penalty", "policy_loss",
     "sequence_log_ratio", "importance_weights", "mismatch_kl",
     "value_loss", "entropy_from_logits", "token_logprobs",

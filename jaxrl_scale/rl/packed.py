@@ -127,7 +127,8 @@ def min_budget(seq_len: int, group_size: int, rows: int) -> int:
 
 def _data(batch, o: StepOptions) -> dict[str, jax.Array]:
     """The padded update's data (steps._actor_data: advantages from the whole batch)."""
-    adv_BS = steps._grpo_advantages_BS(batch, o.group_size, o.loss_cfg.advantage)
+    adv_BS = steps._grpo_advantages_BS(batch, o.group_size, o.loss_cfg.advantage,
+                                       o.loss_cfg.adv_norm)
     return steps._actor_data(batch, adv_BS, o.loss_cfg)
 
 
@@ -214,7 +215,7 @@ class PackedGRPO:
     def _one_update(self, state, data, cols, rows):
         o = self.o
         mask_BS = jnp.asarray(data["mask_BS"][rows])
-        w_BT = np.pad(np.asarray(steps.token_weights(mask_BS, o.loss_cfg.agg)),
+        w_BT = np.pad(np.asarray(steps.token_weights(mask_BS, o.loss_cfg.agg, o.group_size)),
                       ((0, 0), (1, 0)))
         keep_B = np.asarray(data["mask_BS"][rows]).any(axis=1)
         T = data["tokens_BT"].shape[1]

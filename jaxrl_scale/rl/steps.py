@@ -55,8 +55,9 @@ sg = jax.lax.stop_gradient
 # ----------------------------------------------------------------------------- normalisers
 
 
-def _norm_parts(mask_BS: Array, agg: str) -> tuple[Array, Array]:
-    """(row_scale_B, denominator) with aggregate(x, m, agg) == sum(x m row_scale) / denominator.
+def _norm_parts(mask_BS: Array, agg: str, group_size: int = 1) -> tuple[Array, Array]:
+    """(row_scale_B, denominator) with aggregate(x, m, agg, group_size) ==
+    sum(x m row_scale) / denominator.
 
     The denominators are guarded exactly like `losses.aggregate` (max(., 1)), so all-masked
     rows and batches give 0, never NaN.
@@ -65,6 +66,10 @@ def _norm_parts(mask_BS: Array, agg: str) -> tuple[Array, Array]:
     B, S = m_BS.shape
     count_B = jnp.sum(m_BS, axis=1)
     ones_B = jnp.ones([B], jnp.float32)
+    if agg == "prompt-mean":   # each row scaled by 1 / its group's tokens; groups with tokens
+        count_P = jnp.sum(count_B.reshape(-1, group_size), axis=1)
+        return (jnp.repeat(1.0 / jnp.maximum(count_P, 1.0), group_size),
+                jnp.maximum(jnp.sum(f32(count_P > 0)), 1.0))
     if agg == "token-mean":
         return ones_B, jnp.maximum(jnp.sum(m_BS), 1.0)
     if agg == "seq-mean-token-mean":
@@ -76,9 +81,10 @@ def _norm_parts(mask_BS: Array, agg: str) -> tuple[Array, Array]:
     raise ValueError(f"unknown aggregation mode={agg!r}; valid modes: {losses.AGG_MODES}")
 
 
-def token_weights(mask_BS: Array, agg: str) -> Array:
-    """Per-token weights w_BS with sum(x * w) == losses.aggregate(x, mask, agg) for any x."""
-    row_scale_B, denom = _norm_parts(mask_BS, agg)
+def token_weights(mask_BS: Array, agg: str, group_size: int = 1) -> Array:
+    """Per-token weights w_BS with sum(x * w) == losses.aggregate(x, mask, agg, group_size)
+    for any x."""
+    row_scale_B, denom = _norm_parts(mask_BS, agg, group_size)
     return f32(mask_BS) * row_scale_B[:, None] / denom
 
 
@@ -124,11 +130,18 @@ def _check_trainer_logp(batch, o: StepOptions):
                          f"pre-update log-probs in batch.prox_logp_BT (steps.score_tokens)")
 
 
-def _grpo_advantages_BS(batch: RolloutBatch, group_size: int, estimator: str) -> Array:
+def _grpo_advantages_BS(batch: RolloutBatch, group_size: int, estimator: str,
+                        norm: str = "auto") -> Array:
     """Group-relative advantages of the outcome rewards, broadcast over each row's actions.
 
-    Computed from the whole batch before any micro-batch split (groups are never split)."""
-    adv_B = losses.group_advantages(f32(batch.rewards_B), group_size, estimator=estimator)
+    Computed from the whole batch before any micro-batch split (groups are never split); a
+    batch-level norm takes its std over the rows of the groups the loss sees (a group with
+    any loss-mask token: a filtered group's zeros do not shrink it, and a group whose cut
+    responses were masked still brings all G of its centred rewards)."""
+    has_B = jnp.any(jnp.asarray(batch.loss_mask_BT) != 0, axis=1)
+    valid_B = jnp.repeat(jnp.any(has_B.reshape(-1, group_size), axis=1), group_size)
+    adv_B = losses.group_advantages(f32(batch.rewards_B), group_size, estimator=estimator,
+                                    norm=norm, valid_N=valid_B)
     S = batch.tokens_BT.shape[1] - 1
     return jnp.broadcast_to(adv_B[:, None], (adv_B.shape[0], S))
 
@@ -181,7 +194,8 @@ def policy_terms(lc: LossConfig, logits_BSV: Array, actions_BS: Array, mb: dict)
     if prox_BS is None and (lc.decoupled or lc.is_cap):
         prox_BS = sg(logp_BS)
     pg_kw = dict(clip, prox_logp_BT=prox_BS, is_cap=lc.is_cap or None,
-                 ratio_level=lc.ratio_level)
+                 ratio_level=lc.ratio_level, objective=lc.policy_loss,
+                 cispo_eps_high=lc.cispo_eps_high)
     pg_loss = _weighted_sum(losses.policy_loss, logp_BS, old_BS, adv_BS, weights_BS=w_BS,
                             **pg_kw)
     _, pg_metrics = losses.policy_loss(sg(logp_BS), old_BS, adv_BS, mask_BS, agg=lc.agg,
@@ -216,7 +230,8 @@ def _actor_loss_fn(cfg: ModelConfig, loss_cfg: LossConfig, remat: bool, global_d
                          f"arch={cfg.arch!r} is dense")
 
     def loss_fn(params, mb):
-        _, local_denom = _norm_parts(mb["mask_BS"], lc.agg)  # of the full frame (Dr.GRPO's T)
+        # of the full frame (Dr.GRPO's T); micro-batches hold whole groups (prompt-mean)
+        _, local_denom = _norm_parts(mb["mask_BS"], lc.agg, group_size)
         logits_BSV, actions_BS, frame, router_aux = _policy_logits(
             cfg, params, mb, remat, shared_prompt_len, group_size)
         mb = {k: frame(v) if k.endswith("_BS") else v for k, v in mb.items()}
@@ -252,7 +267,7 @@ def _policy_grads(params: Any, data: dict[str, Array], o: StepOptions, frozen: A
     frozen (LoRA): the base params; `params` are then the adapters (composed with it at
     o.lora_scale), the only leaves the gradients (and so the optimizer) see."""
     cfg, lc = o.cfg, o.loss_cfg
-    row_scale_B, denom = _norm_parts(data["mask_BS"], lc.agg)
+    row_scale_B, denom = _norm_parts(data["mask_BS"], lc.agg, o.group_size)
     data = dict(data, w_BS=data["mask_BS"] * row_scale_B[:, None] / denom)
     if cfg.is_moe:  # each row's share of the valid tokens, for the router aux loss
         n_B = jnp.sum(f32(data["valid_BT"]), axis=1)
@@ -309,14 +324,14 @@ def grpo_step(state: TrainState, batch: RolloutBatch, options: StepOptions):
     """One GRPO (or other group-advantage) policy update: (state, batch) -> (state, metrics).
 
     `options` (rl/config.StepOptions) holds every static setting; below, its fields.
-    Advantages come from batch.rewards_B by loss_cfg.advantage over groups of `group_size`
-    consecutive rows; micro-batches hold whole groups. Clipped surrogate (PPO clip with
-    clip-higher and dual clip), optional KL to the frozen reference whose log-probs are in
-    batch.ref_logp_BT, optional entropy bonus, aggregated by loss_cfg.agg over the whole
-    batch. Default: one optimizer update for the whole batch (num_minibatches = epochs = 1).
-    `lr_fn(count)` (e.g. partial(optim.current_lr, hparams, warmup_steps=...)) adds the lr
-    used to the metrics; with_grads=True adds the pre-clip float32 gradient pytree as
-    metrics["actor_grads"].
+    Advantages come from batch.rewards_B by loss_cfg.advantage (scaled by loss_cfg.adv_norm)
+    over groups of `group_size` consecutive rows; micro-batches hold whole groups. Clipped
+    surrogate (PPO clip with clip-higher and dual clip; or CISPO), optional KL to the frozen
+    reference whose log-probs are in batch.ref_logp_BT, optional entropy bonus, aggregated by
+    loss_cfg.agg over the whole batch. Default: one optimizer update for the whole batch
+    (num_minibatches = epochs = 1). `lr_fn(count)` (e.g. partial(optim.current_lr, hparams,
+    warmup_steps=...)) adds the lr used to the metrics; with_grads=True adds the pre-clip
+    float32 gradient pytree as metrics["actor_grads"].
 
     shared_prompt_len = Tp > 0 runs each group's prompt once (the batch's first Tp columns
     must be the same in the G rows of every group, as rl/batch.rollout_batch lays them out):
@@ -326,7 +341,7 @@ def grpo_step(state: TrainState, batch: RolloutBatch, options: StepOptions):
     """
     o = options
     _check_trainer_logp(batch, o)
-    adv_BS = _grpo_advantages_BS(batch, o.group_size, o.loss_cfg.advantage)
+    adv_BS = _grpo_advantages_BS(batch, o.group_size, o.loss_cfg.advantage, o.loss_cfg.adv_norm)
     data = _actor_data(batch, adv_BS, o.loss_cfg)
     update = functools.partial(_policy_update, o=o)
     state, metrics = multi_update(update, state, data, o.num_minibatches, o.epochs,
@@ -442,6 +457,9 @@ def ppo_step(actor_state: TrainState, critic_state: TrainState, batch: RolloutBa
     if actor_state.frozen is not None or critic_state.frozen is not None:
         raise ValueError("ppo_step trains full networks; LoRA (a state with frozen params) "
                          "is GRPO's (grpo_step)")
+    if o.loss_cfg.adv_norm != "auto":
+        raise ValueError(f"LossConfig.adv_norm={o.loss_cfg.adv_norm!r} scales GRPO's group "
+                         "advantages; PPO's GAE advantages are whitened (whiten_advantages)")
     _check_trainer_logp(batch, o)
     gae_out = ppo_advantages(o.cfg, critic_state.params, batch, o.loss_cfg, o.micro_batches)
     actor_data = _actor_data(batch, gae_out["advantages_BS"], o.loss_cfg)

@@ -25,20 +25,23 @@ Letters: U updates, R bootstrap replicates, C candidate batches. Numpy only (no 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Sequence
 
 import numpy as np
 
-from jaxrl_scale.numbers import Interval, fmt_ci, is_number, to_jsonable  # noqa: F401
+from jaxrl_scale.numbers import fmt_ci, is_number
 from jaxrl_scale.scaling import io as sio
 from jaxrl_scale.scaling import noise as snoise
+from jaxrl_scale.scaling import planner_link
+from jaxrl_scale.scaling.plan_compare import (  # noqa: F401  (the planner's API)
+    METRICS, compare, compare_counts, format_compare, recommendation_check)
 from jaxrl_scale.scaling import stats
 from jaxrl_scale.scaling import step_cost
 from jaxrl_scale.scaling.step_cost import PlanError  # noqa: F401  (raised here too)
 from jaxrl_scale.scaling.io import Run
-from jaxrl_scale.scaling.summary import ConfigStats, Summary
 
 NETWORKS = ("actor", "critic")
 RANGE_RULE = ("B is in the range when the lower end of the ci_level interval of the paired "
@@ -218,6 +221,13 @@ def _probe_batch(runs: Sequence[Run]) -> float:
     return float(bs[0])
 
 
+def _no_norms(runs: Sequence[Run], who: str) -> PlanError:
+    return PlanError("probe_run", f"no training record of {runs[0].path or runs[0].name} carries "
+                     f"{who}_grad_sqnorm_micro (>= 2 micro-batches) and {who}_grad_sqnorm",
+                     "train the probe with --micro_batches=2 or more "
+                     "(docs/api.md, Gradient-norm fields)")
+
+
 def check_probe(runs: Sequence[Run], who: str = "actor", n_star: float | None = None,
                 target: float | None = None) -> float:
     """PlanError for probe runs `batch_plan` cannot use (no runs, no shared batch B0, no
@@ -230,10 +240,7 @@ def check_probe(runs: Sequence[Run], who: str = "actor", n_star: float | None = 
         raise PlanError("noise_of", f"{who!r} is not one of {NETWORKS}", "use actor or critic")
     b0 = _probe_batch(runs)
     if snoise.pooled_estimates(runs, who)["g2_U"].size == 0:
-        raise PlanError("probe_run", f"no training record of {runs[0].path or runs[0].name} "
-                        f"carries {who}_grad_sqnorm_micro (>= 2 micro-batches) and "
-                        f"{who}_grad_sqnorm", "train the probe with --micro_batches=2 or more "
-                        "(docs/api.md, Gradient-norm fields)")
+        raise _no_norms(runs, who)
     if n_star is not None and target is not None:
         raise PlanError("n_star", "both --n_star and --target given", "pass one of them")
     if target is not None:
@@ -245,13 +252,15 @@ def batch_plan(runs: Sequence[Run], fit: dict, batches: Sequence[float] | None =
          who: str = "actor", n_star: float | None = None, target: float | None = None,
          half_width: float = 0.5, gen_batch_ratio: float | None = None, n_boot: int = 1000,
          block: int | None = None, n_windows: int = 8, level: float = stats.CI_LEVEL,
-         seed: int = 0) -> dict:
+         seed: int = 0, link: planner_link.Link | None = None) -> dict:
     """Planner output (docs/api.md, plan.json) from probe runs at B0
     (seeds of one config: their updates are pooled) and a step-time fit (`fit_step_times`'
     output; a fit without "boot" has no throughput uncertainty).
 
     ``n_star`` (responses) or ``target`` (J*, N* from the probes' evals) sets the window
-    whose B_simple is B_crit; without either the whole run is the window.
+    whose B_simple gives B_crit; without either the whole run is the window. ``link``: how
+    B_crit follows from the actor's B_simple (`planner_link`; None: the one fitted on the
+    recorded studies of the probe's algorithm; the critic's B_crit is its B_simple).
     """
     runs = list(runs)
     if not runs:
@@ -285,16 +294,15 @@ def batch_plan(runs: Sequence[Run], fit: dict, batches: Sequence[float] | None =
         if z is not None:
             noise[net] = z
     if who not in noise:
-        raise PlanError("probe_run", f"no training record of {runs[0].path or runs[0].name} "
-                        f"carries {who}_grad_sqnorm_micro (>= 2 micro-batches) and "
-                        f"{who}_grad_sqnorm", "train the probe with --micro_batches=2 or more "
-                        "(docs/api.md, Gradient-norm fields)")
+        raise _no_norms(runs, who)
 
+    link = planner_link.link_for(runs[0].algo) if link is None else link
     by_net, reps = {}, {}
     for net, z in noise.items():
         w = z["window"]
-        rows, reps[net] = predict(batches, b0, w["b_simple"], w["reps"], theta, theta_R4, k,
-                                  level, seed)
+        bc, bc_R = planner_link.b_crit_draws(w["b_simple"], w["reps"], link if net == "actor"
+                                             else planner_link.IDENTITY, seed)
+        rows, reps[net] = predict(batches, b0, bc, bc_R, theta, theta_R4, k, level, seed)
         rec = recommend(rows, reps[net]["T_RC"], level)
         by_net[net] = {"B_simple": w["b_simple"], "B_simple_ci": w["ci"], "predictions": rows,
                        "recommended": rec}
@@ -316,7 +324,8 @@ def batch_plan(runs: Sequence[Run], fit: dict, batches: Sequence[float] | None =
         "predictions": main["predictions"],
         "recommended": main["recommended"],
         # extra fields
-        "noise_of": who, "b_crit_rule": "B_crit = B_simple (McCandlish et al. 2018)",
+        "noise_of": who, "b_crit_rule": link.describe() if who == "actor" else
+        planner_link.IDENTITY.describe(), "b_crit_link": dataclasses.asdict(link),
         "ci_level": level, "n_boot": n_boot, "gen_batch_ratio": k,
         "algo": runs[0].algo, "lr_rule": runs[0].lr_rule,
         "group_size": sio.config_get(runs[0].config, "group_size", "G"),
@@ -347,27 +356,6 @@ def _fit_json(fit: dict) -> dict:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Predictions beside a sweep's measurements (summary.json of `analysis.analyze_sweep`).
-
-METRICS = ("r_N", "r_q", "T_over_T0")
-
-
-def _inside(x, ci) -> bool | None:
-    """x inside the interval (a null end is unbounded); None without x or an interval."""
-    if not (is_number(x) and ci and len(ci) == 2):
-        return None
-    iv = Interval.of(ci)
-    return bool((iv.lo is None or iv.lo <= x) and (iv.hi is None or x <= iv.hi))
-
-
-def _overlap(a, b) -> bool | None:
-    """Do two intervals overlap (a null upper end is unbounded)? None without lower ends."""
-    if not (a and b and len(a) == 2 and len(b) == 2) or a[0] is None or b[0] is None:
-        return None
-    return Interval.of(a).overlaps(Interval.of(b))
-
-
 def critic_schedule(batch: float, critic_batch: float) -> dict:
     """PPO's critic on its own schedule (TrainConfig.critic_minibatches): at the actor's
     recommended B, split each rollout into K = B / B_critic minibatches (K >= 1, rounded
@@ -379,119 +367,6 @@ def critic_schedule(batch: float, critic_batch: float) -> dict:
     return {"at_batch": float(batch), "critic_batch": float(critic_batch),
             "critic_minibatches": k, "critic_batch_per_update": float(batch) / k}
 
-
-def _configs_of(summary) -> dict[str, ConfigStats]:
-    """The typed configs of a `Summary` or of summary.json's dict (a dict needs only
-    "configs": the planner compares with any sweep's table)."""
-    if isinstance(summary, Summary):
-        return summary.configs
-    return {g: ConfigStats.from_json(c) for g, c in (summary.get("configs") or {}).items()}
-
-
-def compare(plan: dict, summary, network: str | None = None,
-            same_lr_rule: bool = True) -> list[dict]:
-    """One row per measured config of the plan's algo (and lr rule; the planner assumes the
-    probe's rule, sqrt re-tuning in docs/science.md, Batch-size invariance and the lr rules)
-    and gen_batch_ratio: predicted r_N, r_q, T/T0 with intervals at its batch vs the measured
-    ones of the summary's configs (a `summary.Summary` or summary.json's dict),
-    whether the measured point lies inside the predicted interval (``*_inside``) and whether
-    the two intervals overlap (``*_overlap``). ``predicted`` fields are None at a batch the
-    plan has no prediction for; ``network`` picks `plan["by_network"]` (default: the plan's).
-    """
-    preds = (plan["by_network"][network]["predictions"] if network else plan["predictions"])
-    by_batch = {float(p["batch"]): p for p in preds}
-    k_plan = float(plan.get("gen_batch_ratio") or 1)
-    rows = []
-    for name, c in sorted(_configs_of(summary).items(),
-                          key=lambda kv: (kv[1].batch or 0, kv[0])):
-        if plan.get("algo") and c.algo and c.algo != plan["algo"]:
-            continue
-        if same_lr_rule and plan.get("lr_rule") and c.lr_rule != plan["lr_rule"]:
-            continue
-        b = c.batch
-        if not is_number(b):
-            continue
-        k = (c.batch_gen or b) / b
-        if abs(k - k_plan) > 1e-9:
-            continue
-        p = by_batch.get(float(b))
-        row = {"config": name, "batch": float(b), "group_size": c.group_size,
-               "lr_rule": c.lr_rule, "is_reference": bool(c.is_reference),
-               "reached": c.reached}
-        for m in METRICS:
-            pv, pci = (p[m], p.get(f"{m}_ci")) if p else (None, None)
-            mv, mci = getattr(c, m), getattr(c, f"{m}_ci")
-            row.update({f"{m}_pred": pv, f"{m}_pred_ci": pci, f"{m}_meas": mv,
-                        f"{m}_meas_ci": mci, f"{m}_inside": _inside(mv, pci) if p else None,
-                        f"{m}_overlap": _overlap(pci, mci) if p else None,
-                        f"{m}_pred_over_meas": pv / mv
-                        if p and is_number(pv) and is_number(mv) and mv
-                        else None})
-        rows.append(row)
-    return rows
-
-
-def compare_counts(rows: list[dict], group_size=None) -> dict:
-    """Per metric, over non-reference rows with both a prediction and a measurement (and the
-    given group size, if any): how many measured points lie inside the predicted interval, how
-    many intervals overlap, and the median |log(predicted / measured)| of the points."""
-    out = {}
-    for m in METRICS:
-        rs = [r for r in rows if not r["is_reference"] and r[f"{m}_inside"] is not None
-              and (group_size is None or r["group_size"] == group_size)]
-        logs = [abs(math.log(r[f"{m}_pred_over_meas"])) for r in rs
-                if is_number(r[f"{m}_pred_over_meas"]) and r[f"{m}_pred_over_meas"] > 0]
-        out[m] = {"n": len(rs), "inside": sum(r[f"{m}_inside"] for r in rs),
-                  "overlap": sum(bool(r[f"{m}_overlap"]) for r in rs),
-                  "median_abs_log_error": float(np.median(logs)) if logs else None}
-    return out
-
-
-def recommendation_check(plan: dict, summary, rows: list[dict]) -> dict:
-    """The planner's recommended batch and range beside the sweep's: the measured fastest
-    config among ``rows`` with the plan's group size, and the sweep's best set (configs not
-    distinguishable from the fastest, per algorithm when the summary has several)."""
-    g = plan.get("group_size")
-    same = [r for r in rows
-            if (g is None or r["group_size"] == g) and is_number(r["T_over_T0_meas"])]
-    fastest = min(same, key=lambda r: r["T_over_T0_meas"]) if same else None
-    if isinstance(summary, Summary):
-        per_algo = summary.algos.get(plan.get("algo"))
-        best_set = (per_algo.best_set if per_algo is not None else summary.primary.best_set)
-    else:   # summary.json's dict, possibly another tool's with "configs" only
-        per_algo = (summary.get("algos") or {}).get(plan.get("algo")) or {}
-        best_set = per_algo.get("best_set", summary.get("best_set"))
-    best_set = best_set or []
-    best_batches = sorted({r["batch"] for r in same if r["config"] in best_set})
-    rec = plan["recommended"]
-    return {"recommended": rec["batch"], "range": rec["range"],
-            "measured_fastest": fastest and fastest["config"],
-            "measured_fastest_batch": fastest and fastest["batch"],
-            "measured_best_set": [c for c in best_set if any(r["config"] == c for r in same)],
-            "measured_best_set_batches": best_batches,
-            "recommended_in_best_set": rec["batch"] in best_batches if best_batches else None}
-
-
-def _fmt_ci(v, ci) -> str:
-    return fmt_ci(v, ci) if v is not None else "-"
-
-
-def format_compare(rows: list[dict]) -> str:
-    """Markdown table of `compare` rows: predicted vs measured r_N, r_q, T/T0; a check mark
-    where the measured point lies inside the predicted interval, '~' where only the intervals
-    overlap, 'x' where they are disjoint."""
-    head = ("| config | B | r_N pred | r_N meas | | r_q pred | r_q meas | | T/T0 pred | "
-            "T/T0 meas | |\n|---|---|---|---|---|---|---|---|---|---|---|")
-    lines = [head]
-    for r in rows:
-        cells = [r["config"] + (" (ref)" if r["is_reference"] else ""), f"{r['batch']:g}"]
-        for m in METRICS:
-            mark = ("-" if r[f"{m}_inside"] is None else "✓" if r[f"{m}_inside"]
-                    else "~" if r[f"{m}_overlap"] else "x")
-            cells += [_fmt_ci(r[f"{m}_pred"], r[f"{m}_pred_ci"]),
-                      _fmt_ci(r[f"{m}_meas"], r[f"{m}_meas_ci"]), mark]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -566,7 +441,7 @@ def plot_plan(plan: dict, path: str, compare_rows: list[dict] | None = None) -> 
     ax2.axhline(plan["reference_batch"], color="k", lw=0.5, ls=":", label="B0")
     ax2.set_xlabel("cumulative responses")
     ax2.set_ylabel(f"{plan['noise_of']} B_simple")
-    ax2.set_title(f"B_simple at N* window: {_fmt_ci(plan['B_simple'], plan['B_simple_ci'])}",
+    ax2.set_title(f"B_simple at N* window: {fmt_ci(plan['B_simple'], plan['B_simple_ci'])}",
                   fontsize=9)
     ax2.legend(fontsize=7)
     fig.tight_layout()

@@ -1,0 +1,104 @@
+"""The planner's link B_crit = B_simple / a: fit, predictive draws, the fitted file, the plan."""
+import dataclasses
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from jaxrl_scale.scaling import noise, planner_link
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _point(study, a, b_simple=6000.0, b0=128.0, batches=(64, 256, 512, 1024), se=0.01):
+    """A study whose measured r_N is exactly McCandlish's at B_crit = b_simple / a."""
+    bc = b_simple / a
+    y = tuple(math.log(noise.predicted_r_n(b, b0, bc)) for b in batches)
+    return planner_link.StudyPoint(study, "grpo", b0, b_simple, (b_simple,) * 10,
+                                   tuple(float(b) for b in batches), y, (se,) * len(batches))
+
+
+def test_kappa_and_a_recover_the_truth():
+    for a in (0.7, 1.0, 2.5):
+        p = _point("s", a)
+        assert p.kappa_meas == pytest.approx(a / 6000.0, rel=1e-4)
+        assert p.log_a == pytest.approx(math.log(a), abs=1e-4)
+
+
+def test_fit_is_mean_and_sd_of_log_a_and_skips_studies_without_sample_cost():
+    pts = [_point(f"s{i}", a) for i, a in enumerate((1.5, 2.0, 3.0))]
+    flat = dataclasses.replace(pts[0], study="flat", log_r_N=(0.0,) * 4)   # no sample cost
+    link = planner_link.fit_link(pts + [flat], "grpo")
+    la = np.log([1.5, 2.0, 3.0])
+    assert link.n == 3 and "flat" not in link.studies
+    assert link.mu == pytest.approx(la.mean(), abs=1e-4)
+    assert link.sd == pytest.approx(la.std(ddof=1), abs=1e-4)
+
+
+def test_predictive_draws_have_the_t_spread():
+    link = planner_link.Link(math.log(2.0), 0.5, 6)
+    a = link.draws(200_000, np.random.default_rng(0))
+    q = np.quantile(np.log(a), [0.05, 0.95])
+    from scipy import stats
+    half = 0.5 * math.sqrt(1 + 1 / 6) * stats.t.ppf(0.95, 5)
+    np.testing.assert_allclose(q, [math.log(2) - half, math.log(2) + half], atol=0.01)
+    bc, bc_R = planner_link.b_crit_draws(6000.0, np.full(1000, 6000.0), link)
+    assert bc == pytest.approx(3000.0) and np.median(bc_R) == pytest.approx(3000.0, rel=0.05)
+    assert planner_link.IDENTITY.draws(3, np.random.default_rng(0)).tolist() == [1.0] * 3
+
+
+def test_link_for_falls_back_to_all_then_identity():
+    links = {"all": planner_link.Link(0.5, 0.4, 7), "grpo": planner_link.Link(0.8, 0.5, 6)}
+    assert planner_link.link_for("grpo", links).mu == 0.8
+    assert planner_link.link_for("ppo", links).mu == 0.5
+    assert planner_link.link_for("ppo", {}) == planner_link.IDENTITY
+
+
+def test_committed_link_is_the_fit_of_the_recorded_studies():
+    """planner_link.json is what results/planner_validation/fit_link.py fits from the recorded
+    studies (their summaries and the reference runs' logs)."""
+    sys.path.insert(0, os.path.join(ROOT, "results", "planner_validation"))
+    try:
+        import fit_link
+        cwd = os.getcwd()
+        os.chdir(ROOT)
+        try:
+            got = planner_link.fit_links(fit_link.points())
+        finally:
+            os.chdir(cwd)
+    finally:
+        sys.path.pop(0)
+    want = planner_link.load_links()
+    assert set(got) == set(want)
+    for k in got:
+        assert got[k].n == want[k].n and got[k].studies == want[k].studies
+        assert got[k].mu == pytest.approx(want[k].mu, abs=1e-9)
+        assert got[k].sd == pytest.approx(want[k].sd, abs=1e-9)
+    assert 0.4 < math.exp(want["grpo"].mu) and want["grpo"].n >= 3
+
+
+def test_first_block_plan_of_the_recorded_main_job(tmp_path):
+    """The main job's analysis plans from its first warm-start block's reference runs and
+    that block's timing pass, for every batch it ran, and the report puts the plan beside the
+    measured verdicts."""
+    from jaxrl_scale.experiment.analyze import analyze_and_report
+    from jaxrl_scale.scaling import plan_compare
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        analyze_and_report("results/main_job/logs", "auto", out=str(tmp_path))
+    finally:
+        os.chdir(cwd)
+    import json
+    with open(tmp_path / plan_compare.FIRST_BLOCK_PLAN) as f:
+        plan = json.load(f)
+    fb = plan["first_block"]
+    assert fb["block"] == "w0" and len(fb["probe_runs"]) == 2
+    assert all(n.startswith("grpo_P16_G8_sqrt_") for n in fb["probe_runs"])
+    assert [p["batch"] for p in plan["predictions"]] == [64.0, 128.0, 256.0, 512.0, 1024.0]
+    assert plan["b_crit_link"]["n"] >= 3
+    report = (tmp_path / "report.md").read_text()
+    assert "Planner predictions vs measured (plan_first_block.json)" in report
+    assert "reference runs of warm-start block w0 alone" in report
