@@ -102,3 +102,42 @@ def test_first_block_plan_of_the_recorded_main_job(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "Planner predictions vs measured (plan_first_block.json)" in report
     assert "reference runs of warm-start block w0 alone" in report
+
+
+def test_separation_splits_the_variance_and_says_what_would_separate():
+    rng = np.random.default_rng(0)
+    n = 20_000
+    probe, link, pas = (s * rng.standard_normal(n) for s in (0.10, 0.02, 0.05))
+    point = 0.15
+    parts = {"point": point, "joint": point + probe + link + pas, "probe": point + probe,
+             "link": point + link, "pass": point + pas}
+    out = planner_link.separation(parts, 0.9)
+    z = 1.6448536269514722
+    # total var 0.0129; to separate: (0.15 / z)^2 = 0.00832; without the probe 0.0029
+    want_probe = 0.01 / ((point / z) ** 2 - 0.0029)
+    assert out["probe_runs_x"] == pytest.approx(want_probe, abs=0.15)
+    # the pass alone cannot: the probe's 0.01 already exceeds what separates
+    assert out["pass_x"] is None
+    far = dict(parts, point=1.0, joint=1.0 + probe + link + pas)
+    assert planner_link.separation(far, 0.9) == {"probe_runs_x": 1.0, "pass_x": 1.0}
+    stuck = dict(parts, link=point + 0.2 * rng.standard_normal(n),
+                 joint=point + probe + 0.2 * rng.standard_normal(n) + pas)
+    assert planner_link.separation(stuck, 0.9) == {"probe_runs_x": None, "pass_x": None}
+
+
+def test_plan_refuses_step_records_its_fit_does_not_describe(tmp_path):
+    """sweep_replicate's first updates per run: the linear step-time fit misses B = 64's timed
+    seconds by +150%; jaxrl-plan says so in one line and exits 2 (results/planner_validation/
+    throughput_sources.md has every recorded study)."""
+    import subprocess
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "experiments", "plan.py"),
+         "--probe_run=results/sweep_replicate/logs/grpo_P16_G8_sqrt_s12",
+         "--step_times_from=results/sweep_replicate", "--target=0.27",
+         f"--json_out={tmp_path}/plan.json"], cwd=ROOT, capture_output=True, text=True,
+        timeout=300)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: step_times_from: the step-time fit "
+                                                   "misses its own records at B=64"), lines
+    assert not (tmp_path / "plan.json").exists()

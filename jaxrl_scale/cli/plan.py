@@ -27,7 +27,7 @@ from absl import flags
 
 from jaxrl_scale.cli import one_line_errors, quiet_logging, run_main
 from jaxrl_scale.numbers import fmt_ci, to_jsonable, write_json
-from jaxrl_scale.scaling import step_cost
+from jaxrl_scale.scaling import plan_compare, step_cost
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("probe_run", [], "Run dir(s) at the reference batch B0 (config.json + "
@@ -245,6 +245,15 @@ def _fit(runs, timing_cfg=None) -> dict:
                                warmup=FLAGS.timing_warmup, steps=FLAGS.timing_steps or 3)
         what = f"timing pass at {batches} on {runs[0].path}'s config"
     fit = step_cost.fit_step_times(timings, n_boot=FLAGS.n_boot, seed=FLAGS.seed)
+    miss = step_cost.fit_misses(fit, timings) if src == "step_times_from" else []
+    if miss:   # a learning sweep's first updates mix compiles, warm-up and machine load
+        m = max(miss, key=lambda r: abs(r["rel_err"]))
+        raise ConfigError("step_times_from", f"the step-time fit misses its own records at "
+                          f"B={m['batch']:g} by {m['rel_err']:+.0%} (fitted {m['step_s_fit']:.3g}"
+                          f" s per update, timed {m['step_s']:.3g} s, outside the fit's interval"
+                          f"; {len(miss)} batch(es) miss)", "time the batches with "
+                          "--time_batches instead (results/planner_validation/"
+                          "throughput_sources.md)")
     fit["timings_source"] = what
     return fit
 
@@ -306,6 +315,7 @@ def _print(result: dict) -> None:
             f"B={c['batch']:g} {c['rel_err']:+.1%}" for c in th["check"]))
     rec = result["recommended"]
     print(f"recommended B = {rec['batch']:g}, range [{rec['range'][0]:g}, {rec['range'][1]:g}]")
+    print(plan_compare.separation_text(rec))
     cs = result.get("critic_schedule")
     if cs:
         print(f"critic (its own noise scale): recommended batch per update {cs['critic_batch']:g}"

@@ -372,7 +372,7 @@ def planner_lines(root: str, summary: Summary, path, drawn: list) -> list[str]:
     and a figure of both, appended to `drawn`."""
     import glob
     import json
-    from jaxrl_scale.scaling import planner
+    from jaxrl_scale.scaling import plan_compare, planner
     md = []
     for plan_path in sorted(glob.glob(os.path.join(root, "plan*.json"))):
         with open(plan_path) as f:
@@ -391,7 +391,7 @@ def planner_lines(root: str, summary: Summary, path, drawn: list) -> list[str]:
                f"B_simple = {fmt_ci(plan['B_simple'], plan['B_simple_ci'])}; recommended "
                f"B = {fmt(rec['batch'])} (range {fmt(rec['range'][0])}..{fmt(rec['range'][1])}). "
                "✓ measured point inside the predicted interval, ~ intervals overlap, x disjoint.",
-               "", planner.format_compare(rows), "",
+               "", plan_compare.separation_text(rec), "", planner.format_compare(rows), "",
                "- " + "; ".join(f"{m}: {c['inside']}/{c['n']} inside, {c['overlap']}/{c['n']} "
                                 f"overlap" for m, c in counts.items()), ""]
         stem = os.path.splitext(os.path.basename(plan_path))[0]

@@ -147,6 +147,25 @@ def format_compare(rows: list[dict]) -> str:
 
 
 
+def separation_text(rec: dict) -> str:
+    """One sentence on the recommended set: the batches the plan cannot tell apart from the
+    best, and for each what would separate them (`planner_link.separation`)."""
+    sep = rec.get("separation") or {}
+    others = [b for b in rec["batches"] if b != rec["batch"]]
+    if not others:
+        return f"B = {rec['batch']:g} is the only batch not shown slower than the best."
+
+    def one(b):
+        x = sep.get(f"{b:g}") or {}
+        ways = [f"{x['probe_runs_x']:g}x the probe runs" if x.get("probe_runs_x") else "",
+                f"a {x['pass_x']:g}x longer timing pass" if x.get("pass_x") else ""]
+        ways = [w for w in ways if w]
+        return (f"{b:g} ({' or '.join(ways)})" if ways else
+                f"{b:g} (not by more probe runs or timing: the link's between-study error)")
+    return (f"Cannot separate from B = {rec['batch']:g}: " + "; ".join(one(b) for b in others)
+            + ".")
+
+
 FIRST_BLOCK_PLAN = "plan_first_block.json"
 
 
@@ -185,4 +204,4 @@ def first_block_plan(runs, summary, timing: dict | None, n_boot: int = 1000,
 
 
 __all__ = ["METRICS", "compare", "compare_counts", "recommendation_check", "format_compare",
-           "first_block_plan", "FIRST_BLOCK_PLAN"]
+           "first_block_plan", "FIRST_BLOCK_PLAN", "separation_text"]

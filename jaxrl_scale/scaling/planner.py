@@ -207,6 +207,34 @@ def recommend(rows: list[dict], t_RC: np.ndarray, level: float = stats.CI_LEVEL)
             "range": [min(keep), max(keep)], "batches": keep, "rule": RANGE_RULE}
 
 
+def _separation(batches, b0, w, link, theta, theta_R4, k, level, seed, rec, t_RC) -> dict:
+    """Per candidate in the recommended set but the best: `planner_link.separation` of its log
+    T/T0 ratio to the best, each error source varied alone (the probe's B_simple bootstrap, the
+    link's predictive draws, the step-time fit's bootstrap)."""
+    point_bc = w["b_simple"] / math.exp(link.mu)
+    _, bc_link = planner_link.b_crit_draws(w["b_simple"], np.full(len(w["reps"]),
+                                                                  w["b_simple"]), link, seed)
+    sources = {"probe": (np.asarray(w["reps"], float) / math.exp(link.mu), theta[None, :]),
+               "link": (bc_link, theta[None, :]),
+               "pass": (np.full(len(theta_R4), point_bc), theta_R4)}
+    t_C = {}
+    for name, (bc_R, th_R4) in sources.items():
+        _, r = predict(batches, b0, point_bc, bc_R, theta, th_R4, k, level, seed)
+        t_C[name] = np.log(r["T_RC"])
+    rows, _ = predict(batches, b0, point_bc, [point_bc], theta, theta[None, :], k, level, seed)
+    best = batches.index(rec["batch"])
+    out = {}
+    for c, b in enumerate(batches):
+        if b == rec["batch"] or b not in rec["batches"]:
+            continue
+        parts = {name: t[:, c] - t[:, best] for name, t in t_C.items()}
+        with np.errstate(divide="ignore", invalid="ignore"):
+            parts["joint"] = np.log(t_RC[:, c] / t_RC[:, best])
+        parts["point"] = math.log(rows[c]["T_over_T0"] / rows[best]["T_over_T0"])
+        out[f"{b:g}"] = planner_link.separation(parts, level)
+    return out
+
+
 def default_batches(batch0: float) -> list[float]:
     """B0/4 .. 8 B0 in doublings."""
     return [batch0 * 2.0 ** e for e in range(-2, 4)]
@@ -304,6 +332,9 @@ def batch_plan(runs: Sequence[Run], fit: dict, batches: Sequence[float] | None =
                                              else planner_link.IDENTITY, seed)
         rows, reps[net] = predict(batches, b0, bc, bc_R, theta, theta_R4, k, level, seed)
         rec = recommend(rows, reps[net]["T_RC"], level)
+        if net == "actor":
+            rec["separation"] = _separation(batches, b0, w, link, theta, theta_R4, k, level,
+                                            seed, rec, reps[net]["T_RC"])
         by_net[net] = {"B_simple": w["b_simple"], "B_simple_ci": w["ci"], "predictions": rows,
                        "recommended": rec}
     main = by_net[who]

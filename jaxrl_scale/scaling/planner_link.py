@@ -105,6 +105,44 @@ def b_crit_draws(b_simple: float, b_simple_R, link: Link, seed: int = 0
         return float(b_simple) / math.exp(link.mu), b_R / a_R
 
 
+def separation(log_ratio_parts: Mapping[str, np.ndarray], level: float) -> dict:
+    """How far a candidate is from being told apart from the best batch. log_ratio_parts:
+    replicates of log([T/T0](B) / [T/T0](B_best)): "joint" (every source of error at once, as
+    the recommendation uses them) and one source varied at a time ("probe": B_simple's
+    bootstrap, "link": a's predictive draws, "pass": the step-time fit's bootstrap), and
+    "point", the point estimate. The joint interval's end towards 1 sets the total variance,
+    V = ((point - end) / z)^2 (z the two-sided level's quantile); the parts share it in
+    proportion to their own interval widths. The pair separates when V < (point / z)^2.
+    Returns {"probe_runs_x": how many times more probe runs (the probe's share / x), "pass_x":
+    how many times longer a timing pass, each with the other parts as they are; None where the
+    other parts alone keep the pair together, 1 when it is separated already}."""
+    z = float(sps.norm.ppf(0.5 + level / 2))
+
+    def interval(v):
+        v = np.asarray(v, float)
+        v = v[np.isfinite(v)]
+        return np.quantile(v, [0.5 - level / 2, 0.5 + level / 2]) if v.size > 1 else (0.0, 0.0)
+
+    point = float(log_ratio_parts["point"])
+    lo, hi = interval(log_ratio_parts["joint"])
+    total = ((point - (lo if point > 0 else hi)) / z) ** 2
+    width = {k: float(np.diff(interval(v))[0]) ** 2 for k, v in log_ratio_parts.items()
+             if k not in ("point", "joint")}
+    scale = total / sum(width.values()) if sum(width.values()) > 0 else 0.0
+    var = {k: w * scale for k, w in width.items()}
+    need = (point / z) ** 2
+    out = {}
+    for name, part in (("probe_runs_x", "probe"), ("pass_x", "pass")):
+        rest = total - var.get(part, 0.0)
+        if total <= need:
+            out[name] = 1.0
+        elif rest >= need or var.get(part, 0.0) <= 0:
+            out[name] = None
+        else:
+            out[name] = float(math.ceil(var[part] / (need - rest) * 10) / 10)
+    return out
+
+
 def fit_link(points: Sequence[StudyPoint], algo: str = "all") -> Link:
     """Mean and SD of log a over the studies whose measured r_N fixes a finite B_crit."""
     la = [p.log_a for p in points]
@@ -188,5 +226,5 @@ def study_point(study: str, summary: Mapping, runs: Sequence, algo: str, half_wi
                       tuple(float(x) for x in w["reps"]), tuple(B), tuple(y), tuple(se))
 
 
-__all__ = ["StudyPoint", "Link", "IDENTITY", "fit_link", "fit_links", "save_links",
+__all__ = ["StudyPoint", "Link", "IDENTITY", "separation", "b_crit_draws", "fit_link", "fit_links", "save_links",
            "load_links", "link_for", "study_point", "LINK_JSON"]

@@ -355,3 +355,26 @@ def regime(ref_runs: Sequence[Run], costs: dict, fit: dict) -> dict:
                step_s=float(np.median(s)),
                regime="generation-bound" if gen_share >= upd_share else "update-bound")
     return out
+
+
+MISS_FLOOR = 0.05   # a relative miss below this is not worth refusing a fit for
+
+
+def fit_misses(fit: dict, timings: Sequence[dict], level: float = CI_LEVEL,
+               floor: float = MISS_FLOOR) -> list[dict]:
+    """The timed batches whose measured mean seconds per update lie outside the fit's own
+    ci_level interval there (the bootstrap of the four parameters) and more than ``floor``
+    (relative) from the fitted value: a linear model that does not describe the records it was
+    fitted on. Empty when it does, or without a bootstrap."""
+    boot = np.asarray(fit.get("boot", np.zeros((0, 4))), float).reshape(-1, 4)
+    if boot.shape[0] < 2:
+        return []
+    out = []
+    for row in fit_check(timings, theta_of_fit(fit), timings[0]["batch"]):
+        k = [e for e in timings if float(e["batch"]) == row["batch"]][0]
+        k = float(k.get("batch_gen") or k["batch"]) / float(k["batch"])
+        s_R = np.array([step_seconds(th, [row["batch"]], k)[0] for th in boot])
+        lo, hi = np.quantile(s_R, [0.5 - level / 2, 0.5 + level / 2])
+        if not lo <= row["step_s"] <= hi and abs(row["rel_err"]) > floor:
+            out.append(dict(row, step_s_fit_ci=[float(lo), float(hi)]))
+    return out
