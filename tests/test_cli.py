@@ -15,6 +15,13 @@ import textwrap
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A chat template that refuses a conversation without a system message (every run prompt is
+# one user turn), and one that renders task prompts (all its characters are char tokens).
+BROKEN_TEMPLATE = os.path.join(ROOT, "tests", "data", "broken_chat_template.jinja")
+GOOD_TEMPLATE = os.path.join(ROOT, "tests", "data", "qwen2_5_chat_template.jinja")
+CHAT_ROWS = [("--chat_template=auto", "chat_template"),     # the char tokenizer has none
+             (f"--chat_template={BROKEN_TEMPLATE}", "chat_template"),
+             ("--chat_template=/no/such/template.jinja", "chat_template")]
 
 # Off-policy correction (LossConfig.is_cap / ratio_level): also run alone, by name (-k is_cap).
 OFFPOLICY_ROWS = [
@@ -76,13 +83,18 @@ TRAIN_ROWS = [
     ("--wandb_mode=cloud", "wandb_mode"), ("--reward_fn=nocolon", "reward_fn"),
     ("--reward_fn=no_such_module_xyz:f", "reward_fn"), ("--reward_timeout_s=-1", "reward_timeout_s"),
     ("--reward_fn=builtins:exec", "reward_fn"), ("--reward_fn=os:system", "reward_fn"),
+    ("--reward_url=localhost:8000/get_reward", "reward_url"),
+    ("--reward_fn=m:f --reward_url=http://127.0.0.1:1/r", "reward_url"),
+    ("--reward_concurrency=0", "reward_concurrency"),
+    ("--judge_url=http://127.0.0.1:1/v1/chat/completions --judge_model=m "
+     "--judge_template={file}", "judge_template"),
     ("--base_lr=inf", "base_lr"), ("--critic_base_lr=nan", "critic_base_lr"),
     ("--lora_rank=-1", "lora_rank"), ("--remat=sometimes", "remat"),
     ("--lora_alpha=0", "lora_alpha"), ("--lora_targets=q,x", "lora_targets"),
     ("--lora_targets=q,q", "lora_targets"), ("--lora_rank=4 --lora_targets=", "lora_targets"),
     ("--lora_rank=4 --algo=ppo --group_size=1", "lora_rank"),
     ("--lora_rank=4 --model=moe_cpu", "lora_targets"),
-    *OFFPOLICY_ROWS,
+    *OFFPOLICY_ROWS, *CHAT_ROWS,
     # multi-process launch settings (jaxrl_scale/cli: checked before jax.distributed starts)
     ("--num_processes=0", "num_processes"),
     ("--coordinator_address=127.0.0.1:1234", "num_processes"), ("--process_id=1", "process_id"),
@@ -109,7 +121,7 @@ SWEEP_ROWS = [
     ("--max_responses=8", "max_responses"), ("--tune_responses=8", "tune_responses"),
     ("--warm_starts=0", "warm_starts"), ("--warm_starts=2 --nowarmstart", "warm_starts"),
     ("--warm_start_checkpoints=/no/such/a,/no/such/b", "warm_start_checkpoints"),
-    ("--warm_start_checkpoints={file}", "warm_start_checkpoints"),
+    ("--warm_start_checkpoints={file}", "warm_start_checkpoints"), *CHAT_ROWS,
     ("--prompts=8,16 --base_prompts=16 --fixed_prompts=", "REACHED"),   # a good grid runs
 ]
 SFT_ROWS = [
@@ -122,8 +134,9 @@ SFT_ROWS = [
     ("--eval_prompts=0", "eval_prompts"), ("--max_new_tokens=0", "max_new_tokens"),
     ("--num_train_examples=0", "num_train_examples"),
     ("--num_test_examples=0", "num_test_examples"), ("--max_prompt_len=-1", "max_prompt_len"),
-    ("--seed=-1", "seed"), ("--model=nope", "model"),
+    ("--seed=-1", "seed"), ("--model=nope", "model"), *CHAT_ROWS,
     ("--max_steps=2 --eval_every=1", "REACHED"),                   # a good config runs
+    (f"--max_steps=2 --eval_every=1 --chat_template={GOOD_TEMPLATE}", "REACHED"),
 ]
 
 # One child process per command: parse each row, run main(), record how it ended.
@@ -481,6 +494,9 @@ def test_plan_bad_inputs_one_line_each(tmp_path):
         (f"{P} {T} --timing_warmup=-1", "timing_warmup"),
         (f"{P} {T} --timing_steps=-1", "timing_steps"), (f"{P} {T} --block=-1", "block"),
         (f"{P} {T} --n_windows=0", "n_windows"), (f"{P} {T} --seed=-1", "seed"),
+        (f"{P} {T} --external_s=-1", "external_s"),
+        (f"{P} {T} --external_s=2 --external_batch=0", "external_batch"),
+        (f"{P} {T} --external_s=2 --external_concurrency=0", "external_concurrency"),
         (f"{P} --chip=Z80 --prompt_len=16", "chip"), (f"{P} --chip=H100", "prompt_len"),
         (f"{P} --chip=H100 --prompt_len=0", "prompt_len"),
         (f"{P} --chip=H100 --prompt_len=16 --model=nope", "model"),

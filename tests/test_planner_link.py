@@ -141,3 +141,16 @@ def test_plan_refuses_step_records_its_fit_does_not_describe(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: step_times_from: the step-time fit "
                                                    "misses its own records at B=64"), lines
     assert not (tmp_path / "plan.json").exists()
+
+
+def test_external_time_enters_r_q_as_the_hand_computation():
+    from jaxrl_scale.scaling import step_cost
+    theta = np.array([0.05, 1e-4, 2e-4, 0.01])          # d0, d1, gamma, overhead
+    ext = step_cost.ExternalTime(2.0, 8, 4)              # 2 s per 32 responses
+    b, b0 = np.array([64.0, 1024.0]), 128.0
+    t = lambda x: theta[0] + theta[1] * x + theta[3] + theta[2] * x + 2.0 * math.ceil(x / 32)
+    want = (b / np.array([t(64.0), t(1024.0)])) / (b0 / t(b0))
+    np.testing.assert_allclose(step_cost.r_q(theta, b, b0, external=ext), want, rtol=1e-12)
+    np.testing.assert_allclose(step_cost.r_q(theta, b, b0),
+                               step_cost.r_q(theta, b, b0, external=None), rtol=0)
+    assert ext.seconds([1, 32, 33]).tolist() == [2.0, 2.0, 4.0]

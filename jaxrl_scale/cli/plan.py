@@ -41,6 +41,12 @@ flags.DEFINE_float("n_star", None, "Reference's responses to target N*: B_simple
 flags.DEFINE_float("target", None, "Target score J*: N* is where the probe runs' (isotonic) "
                    "eval curves first reach it. Without --n_star/--target: the whole run.")
 flags.DEFINE_float("window", 0.5, "Relative half width w of the N* window.")
+flags.DEFINE_float("external_s", 0.0, "Seconds per request of time outside the model per "
+                   "update (a reward judge, a remote verifier, an environment): with "
+                   "--external_batch and --external_concurrency, every step time gains "
+                   "external_s x ceil(B / (external_batch x external_concurrency)); 0: none.")
+flags.DEFINE_integer("external_batch", 1, "Responses per external request.")
+flags.DEFINE_integer("external_concurrency", 1, "External requests in flight at once.")
 flags.DEFINE_enum("b_crit_link", "fitted", ["fitted", "simple"], "How the actor's B_crit "
                   "follows from its B_simple: 'fitted', B_crit = B_simple / a with a and its "
                   "between-study spread fitted on the recorded studies (scaling/planner_link.py); "
@@ -129,8 +135,11 @@ def check_flags() -> None:
               "timing_steps": (0, inf, False), "block": (0, inf, False),
               "n_windows": (1, inf, False), "seed": (0, inf, False),
               "n_star": (0, inf, True),
-              "prompt_len": (1, inf, False), "gen_batch_ratio": (1, inf, False)}
-    ints = {"timing_warmup", "timing_steps", "block", "n_windows", "seed", "prompt_len"}
+              "prompt_len": (1, inf, False), "gen_batch_ratio": (1, inf, False),
+              "external_s": (0, inf, False), "external_batch": (1, inf, False),
+              "external_concurrency": (1, inf, False)}
+    ints = {"timing_warmup", "timing_steps", "block", "n_windows", "seed", "prompt_len",
+            "external_batch", "external_concurrency"}
     check_ranges({k: FLAGS[k].value for k in ranges if FLAGS[k].value is not None}, ranges,
                  ints)
     need = min_n_boot(FLAGS.ci_level)
@@ -356,7 +365,10 @@ def _plan() -> None:
             n_star=FLAGS.n_star, target=FLAGS.target, half_width=FLAGS.window,
             gen_batch_ratio=FLAGS.gen_batch_ratio, n_boot=FLAGS.n_boot,
             block=FLAGS.block or None, n_windows=FLAGS.n_windows, level=FLAGS.ci_level,
-            seed=FLAGS.seed, link=None if FLAGS.b_crit_link == "fitted" else IDENTITY)
+            seed=FLAGS.seed, link=None if FLAGS.b_crit_link == "fitted" else IDENTITY,
+            external=step_cost.ExternalTime(FLAGS.external_s, FLAGS.external_batch,
+                                            FLAGS.external_concurrency)
+            if FLAGS.external_s > 0 else None)
         summary = None
         if FLAGS.compare:
             try:

@@ -157,6 +157,8 @@ def separation_text(rec: dict) -> str:
 
     def one(b):
         x = sep.get(f"{b:g}") or {}
+        if (x.get("probe_runs_x") or 9) <= 1.0 or (x.get("pass_x") or 9) <= 1.0:
+            return f"{b:g} (at the edge: a few more probe runs would tell)"
         ways = [f"{x['probe_runs_x']:g}x the probe runs" if x.get("probe_runs_x") else "",
                 f"a {x['pass_x']:g}x longer timing pass" if x.get("pass_x") else ""]
         ways = [w for w in ways if w]

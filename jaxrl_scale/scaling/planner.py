@@ -157,7 +157,8 @@ def _pair(reps: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
 
 def predict(batches: Sequence[float], batch0: float, b_crit: float, b_crit_R, theta_4,
             theta_R4, gen_batch_ratio: float = 1, level: float = stats.CI_LEVEL,
-            seed: int = 0) -> tuple[list[dict], dict]:
+            seed: int = 0, external: step_cost.ExternalTime | None = None
+            ) -> tuple[list[dict], dict]:
     """Point predictions and intervals of r_N, r_q, T/T0 at each candidate batch.
 
     b_crit_R [R] and theta_R4 [R', 4] are bootstrap replicates (R' != R: resampled to R); +inf
@@ -171,10 +172,10 @@ def predict(batches: Sequence[float], batch0: float, b_crit: float, b_crit_R, th
     th_R4 = _pair(np.asarray(theta_R4, float).reshape(-1, 4), bc_R.size,
                   np.random.default_rng(seed))
     r_n = np.asarray(snoise.predicted_r_n(b_C, batch0, b_crit), float) * np.ones_like(b_C)
-    r_q = step_cost.r_q(theta_4, b_C, batch0, gen_batch_ratio)
+    r_q = step_cost.r_q(theta_4, b_C, batch0, gen_batch_ratio, external=external)
     with np.errstate(invalid="ignore"):
         r_n_RC = np.asarray(snoise.predicted_r_n(b_C[None, :], batch0, bc_R[:, None]), float)
-        r_q_RC = step_cost.r_q(th_R4, b_C, batch0, gen_batch_ratio)
+        r_q_RC = step_cost.r_q(th_R4, b_C, batch0, gen_batch_ratio, external=external)
         t_RC = r_n_RC / r_q_RC
     rows = []
     for c, b in enumerate(b_C):
@@ -207,7 +208,8 @@ def recommend(rows: list[dict], t_RC: np.ndarray, level: float = stats.CI_LEVEL)
             "range": [min(keep), max(keep)], "batches": keep, "rule": RANGE_RULE}
 
 
-def _separation(batches, b0, w, link, theta, theta_R4, k, level, seed, rec, t_RC) -> dict:
+def _separation(batches, b0, w, link, theta, theta_R4, k, level, seed, rec, t_RC,
+                external=None) -> dict:
     """Per candidate in the recommended set but the best: `planner_link.separation` of its log
     T/T0 ratio to the best, each error source varied alone (the probe's B_simple bootstrap, the
     link's predictive draws, the step-time fit's bootstrap)."""
@@ -219,9 +221,10 @@ def _separation(batches, b0, w, link, theta, theta_R4, k, level, seed, rec, t_RC
                "pass": (np.full(len(theta_R4), point_bc), theta_R4)}
     t_C = {}
     for name, (bc_R, th_R4) in sources.items():
-        _, r = predict(batches, b0, point_bc, bc_R, theta, th_R4, k, level, seed)
+        _, r = predict(batches, b0, point_bc, bc_R, theta, th_R4, k, level, seed, external)
         t_C[name] = np.log(r["T_RC"])
-    rows, _ = predict(batches, b0, point_bc, [point_bc], theta, theta[None, :], k, level, seed)
+    rows, _ = predict(batches, b0, point_bc, [point_bc], theta, theta[None, :], k, level, seed,
+                      external)
     best = batches.index(rec["batch"])
     out = {}
     for c, b in enumerate(batches):
@@ -280,7 +283,8 @@ def batch_plan(runs: Sequence[Run], fit: dict, batches: Sequence[float] | None =
          who: str = "actor", n_star: float | None = None, target: float | None = None,
          half_width: float = 0.5, gen_batch_ratio: float | None = None, n_boot: int = 1000,
          block: int | None = None, n_windows: int = 8, level: float = stats.CI_LEVEL,
-         seed: int = 0, link: planner_link.Link | None = None) -> dict:
+         seed: int = 0, link: planner_link.Link | None = None,
+         external: step_cost.ExternalTime | None = None) -> dict:
     """Planner output (docs/api.md, plan.json) from probe runs at B0
     (seeds of one config: their updates are pooled) and a step-time fit (`fit_step_times`'
     output; a fit without "boot" has no throughput uncertainty).
@@ -289,6 +293,7 @@ def batch_plan(runs: Sequence[Run], fit: dict, batches: Sequence[float] | None =
     whose B_simple gives B_crit; without either the whole run is the window. ``link``: how
     B_crit follows from the actor's B_simple (`planner_link`; None: the one fitted on the
     recorded studies of the probe's algorithm; the critic's B_crit is its B_simple).
+    ``external``: time outside the model per update (a judge), added to every step time.
     """
     runs = list(runs)
     if not runs:
@@ -330,11 +335,12 @@ def batch_plan(runs: Sequence[Run], fit: dict, batches: Sequence[float] | None =
         w = z["window"]
         bc, bc_R = planner_link.b_crit_draws(w["b_simple"], w["reps"], link if net == "actor"
                                              else planner_link.IDENTITY, seed)
-        rows, reps[net] = predict(batches, b0, bc, bc_R, theta, theta_R4, k, level, seed)
+        rows, reps[net] = predict(batches, b0, bc, bc_R, theta, theta_R4, k, level, seed,
+                                  external)
         rec = recommend(rows, reps[net]["T_RC"], level)
         if net == "actor":
             rec["separation"] = _separation(batches, b0, w, link, theta, theta_R4, k, level,
-                                            seed, rec, reps[net]["T_RC"])
+                                            seed, rec, reps[net]["T_RC"], external)
         by_net[net] = {"B_simple": w["b_simple"], "B_simple_ci": w["ci"], "predictions": rows,
                        "recommended": rec}
     main = by_net[who]
@@ -358,6 +364,7 @@ def batch_plan(runs: Sequence[Run], fit: dict, batches: Sequence[float] | None =
         "noise_of": who, "b_crit_rule": link.describe() if who == "actor" else
         planner_link.IDENTITY.describe(), "b_crit_link": dataclasses.asdict(link),
         "ci_level": level, "n_boot": n_boot, "gen_batch_ratio": k,
+        "external_time": dataclasses.asdict(external) if external is not None else None,
         "algo": runs[0].algo, "lr_rule": runs[0].lr_rule,
         "group_size": sio.config_get(runs[0].config, "group_size", "G"),
         "probe_runs": [r.path or r.name for r in runs], "n_star": n_star, "target": target,

@@ -16,6 +16,7 @@ step times, intervals by resampling runs). Numpy only (no JAX).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 from typing import Sequence
 
@@ -228,15 +229,35 @@ def step_seconds(theta, batches, gen_batch_ratio: float = 1) -> np.ndarray:
     return np.where(t > 0, t, np.nan)
 
 
+@dataclasses.dataclass(frozen=True)
+class ExternalTime:
+    """Time outside the model per update: a reward judge, a remote verifier or an environment
+    answering requests of `per_request` responses, `concurrency` at once, `request_s` seconds
+    each. Not overlapped with decoding or the update (an upper bound where the rollout
+    overlaps them): external_seconds(B) = request_s ceil(B / (per_request concurrency))."""
+    request_s: float
+    per_request: int = 1
+    concurrency: int = 1
+
+    def seconds(self, batches) -> np.ndarray:
+        b = np.asarray(batches, float)
+        return self.request_s * np.ceil(b / (self.per_request * self.concurrency))
+
+
 def r_q(theta, batches, batch0: float, gen_batch_ratio: float = 1,
-        gen_batch_ratio0: float | None = None) -> np.ndarray:
-    """r_q(B) = q(B) / q(B0) with q(B) = B / step_seconds(B) (docs/science.md, Step-cost model):
-    [..., C] for theta [..., 4] (the reference at gen_batch_ratio0, default the same k)."""
+        gen_batch_ratio0: float | None = None,
+        external: ExternalTime | None = None) -> np.ndarray:
+    """r_q(B) = q(B) / q(B0) with q(B) = B / (step_seconds(B) + external seconds(B))
+    (docs/science.md, Step-cost model): [..., C] for theta [..., 4] (the reference at
+    gen_batch_ratio0, default the same k)."""
     k0 = gen_batch_ratio if gen_batch_ratio0 is None else gen_batch_ratio0
     b = np.asarray(batches, float)
+    b0 = np.array([float(batch0)])
+    ext, ext0 = ((external.seconds(b), external.seconds(b0)[0]) if external is not None
+                 else (0.0, 0.0))
     with np.errstate(divide="ignore", invalid="ignore"):
-        q = b / step_seconds(theta, b, gen_batch_ratio)
-        q0 = float(batch0) / step_seconds(theta, [float(batch0)], k0)[..., 0]
+        q = b / (step_seconds(theta, b, gen_batch_ratio) + ext)
+        q0 = float(batch0) / (step_seconds(theta, b0, k0)[..., 0] + ext0)
         return q / q0[..., None]
 
 

@@ -77,6 +77,14 @@ def predict(p, link, path, seed=0):
     return rows, rec, fastest
 
 
+def best_set_batches(path, algo):
+    """The batches of the study's measured fastest set (Hsu's MCB, summary.json)."""
+    with open(f"{path}/summary.json") as f:
+        s = json.load(f)
+    names = ((s.get("algos") or {}).get(algo) or {}).get("best_set") or s.get("best_set") or []
+    return {float(s["configs"][g]["batch"]) for g in names if g in s["configs"]}
+
+
 def inside(x, ci):
     return ci[0] <= x <= ci[1]
 
@@ -106,8 +114,11 @@ def main(extra):
             cov_n = [inside(r["meas_r_N"], r["r_N_ci"]) for r in ok]
             err = [abs(math.log(r["T_over_T0"] / r["meas_T"])) for r in ok]
             hit = fastest in rec["batches"]
+            out_of_set = [r["batch"] for r in rows if r["batch"] not in rec["batches"]]
+            best = best_set_batches(paths[p.study], p.algo)
             summary[kind].append(dict(study=p.study, algo=p.algo, cov_T=cov, cov_N=cov_n,
-                                      err=err, hit=hit, set=rec["batches"]))
+                                      err=err, hit=hit, set=rec["batches"], ruled_out=out_of_set,
+                                      wrongly=[b for b in out_of_set if b in best]))
             if kind == "fitted":
                 for i, r in enumerate(rows[1:]):
                     print(f"| {p.study if i == 0 else ''} | {p.algo if i == 0 else ''} | "
@@ -126,7 +137,9 @@ def main(extra):
               f"({np.mean(covT):.2f}), r_N covered {sum(covN)}/{len(covN)} "
               f"({np.mean(covN):.2f}); median |log(pred/meas)| of T/T0 {np.median(err):.3f}; "
               f"recommended set holds the measured fastest in {sum(hits)}/{len(hits)} studies; "
-              f"set sizes {[len(r['set']) for r in rs]}")
+              f"set sizes {[len(r['set']) for r in rs]}; batches ruled out "
+              f"{sum(len(r['ruled_out']) for r in rs)}, of them in the study's measured "
+              f"fastest set {sum(len(r['wrongly']) for r in rs)}")
 
 
 if __name__ == "__main__":
