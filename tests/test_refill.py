@@ -148,7 +148,8 @@ def test_refill_cap_1_is_the_filtered_run_bit_for_bit(tmp_path, rewards_module):
     run_training(_cfg(tmp_path, "filt", filter_zero_variance=True, **kw), progress=False)
     run_training(_cfg(tmp_path, "refill", refill=True, refill_cap=1, **kw), progress=False)
     (ft, fe), (rt, re_) = _records(tmp_path / "filt"), _records(tmp_path / "refill")
-    timing = ("time_s", "gen_s", "decode_s", "train_s", "update_s", "eval_s", "compile_s")
+    timing = ("time_s", "gen_s", "decode_s", "train_s", "update_s", "eval_s", "compile_s",
+              "reward_s")
     for a, b in zip(ft + fe, rt + re_):
         assert {k: v for k, v in b.items() if k not in timing + ("gen_rounds", "refill_short")} \
             == {k: v for k, v in a.items() if k not in timing}
@@ -255,7 +256,8 @@ def test_a_resumed_refill_run_equals_an_uninterrupted_one(tmp_path, rewards_modu
     cut = _cfg(tmp_path, "cut", **kw)
     run_training(cut, progress=False, stop_after_steps=1)
     run_training(cut, progress=False)
-    skip = ("time_s", "gen_s", "decode_s", "train_s", "update_s", "eval_s", "compile_s")
+    skip = ("time_s", "gen_s", "decode_s", "train_s", "update_s", "eval_s", "compile_s",
+            "reward_s")
     (wt, we), (ct, ce) = _records(tmp_path / "whole"), _records(cut.run_dir)
     assert len(wt + we) == len(ct + ce) and max(r["gen_rounds"] for r in wt) > 1
     for a, b in zip(wt + we, ct + ce):

@@ -391,3 +391,52 @@ def test_sweep_from_warm_start_blocks(tmp_path):
     with pytest.raises(ValueError, match="warm_start_checkpoints"):
         sweep_mod.validate_sweep(SweepConfig(warm_starts=3, warm_start_checkpoints=tuple(paths)),
                                  base)
+
+
+@pytest.mark.slow   # two warm-starts with a timing pass each: minutes on 2 cores
+def test_plan_first_runs_later_warm_starts_only_where_the_plan_keeps(tmp_path, monkeypatch):
+    """--plan_first: after the first warm-start (its runs and its timing pass), the plan's
+    recommended set decides which batches the later warm-starts run (B = 32 forced out here);
+    the reference always runs; plan_first.json records it; a plan that cannot be made keeps
+    every config; the flag needs a fixed design with a pass per warm-start."""
+    from jaxrl_scale.scaling import plan_compare
+    from jaxrl_scale.scaling.analysis import load_runs
+    seen = {}
+
+    def forced(runs, timing, fraction, **kw):
+        seen["entries"] = len((timing or {}).get("entries", []))
+        seen["runs"] = len(runs)
+        return {"recommended": {"batch": 8.0, "batches": [8.0, 16.0]}}, ""
+    monkeypatch.setattr(plan_compare, "block_plan", forced)
+    paths = _warm_starts(tmp_path, 2)
+    sweep = SweepConfig(sweep_dir=str(tmp_path / "sweep"), prompts=(4, 8, 16),
+                        group_sizes=(2,), base_prompts=4, lr_rules=("sqrt",), fixed_prompts=(),
+                        pairs=(), seeds=(0,), max_responses=64, eval_every_responses=16,
+                        tune_lrs=(), compile_cache=False, timing_steps=2,
+                        target_stop_evals=0, warm_start_checkpoints=tuple(paths),
+                        plan_first=True)
+    res = run_sweep(sweep, _base(str(tmp_path / "data")), progress=False, analyse=False)
+    assert res["errors"] == {}
+    assert seen["runs"] == 3 and seen["entries"] >= 2   # the first warm-start only, its pass
+    with open(os.path.join(sweep.sweep_dir, sweep_mod.PLAN_FIRST_FILE)) as f:
+        rec = json.load(f)
+    assert rec["plan_first"]["dropped"] == ["grpo_P16_G2_sqrt"]
+    runs, _ = load_runs(sweep.sweep_dir)
+    blocks = {}
+    for r in runs:
+        blocks.setdefault(r.group, set()).add(r.block)
+    assert len(blocks["grpo_P16_G2_sqrt"]) == 1
+    assert len(blocks["grpo_P4_G2_sqrt"]) == 2 and len(blocks["grpo_P8_G2_sqrt"]) == 2
+
+
+def test_plan_first_needs_a_fixed_design_with_a_pass_per_warm_start(tmp_path):
+    paths = _warm_starts(tmp_path, 3)
+    sweep = SweepConfig(sweep_dir=str(tmp_path / "sweep"), prompts=(4, 8), group_sizes=(2,),
+                        base_prompts=4, lr_rules=("sqrt",), fixed_prompts=(), pairs=(),
+                        seeds=(0,), max_responses=64, eval_every_responses=16, tune_lrs=(),
+                        compile_cache=False, timing_steps=2,
+                        warm_start_checkpoints=tuple(paths), plan_first=True)
+    sweep_mod.validate_sweep(sweep, _base("d"))
+    for bad in (dict(timing_steps=0), dict(design="sequential", looks=(2, 3))):
+        with pytest.raises(ValueError, match="plan_first"):
+            sweep_mod.validate_sweep(dataclasses.replace(sweep, **bad), _base("d"))

@@ -20,7 +20,8 @@ from jaxrl_scale.rl.state import create_train_state
 from jaxrl_scale.rl.steps import LossConfig, StepOptions, grpo_step
 from jaxrl_scale.sampling import generate
 
-TIME_KEYS = {"time_s", "gen_s", "decode_s", "train_s", "update_s", "eval_s", "compile_s"}
+TIME_KEYS = {"time_s", "gen_s", "decode_s", "train_s", "update_s", "eval_s", "compile_s",
+             "reward_s"}
 
 
 @pytest.fixture(scope="module")

@@ -101,6 +101,9 @@ SWEEP_HELP = {
     "design": "fixed (every config from every warm-start) or sequential (warm-starts in "
               "rounds; a config decided at a look gets no more runs, and the study ends when "
               "none is open)",
+    "plan_first": "fixed design: after the first warm-start, plan from its reference runs and "
+                  "timing pass, and run later warm-starts only at the batches the plan does not "
+                  "rule out (plan_first.json)",
     "looks": "sequential: warm-starts done at each look (default: half, two thirds, all)",
     "spending": "sequential: error spending, obf (O'Brien-Fleming type) or pocock",
     "futility": "sequential: stop a config whose interval cannot reach this T/T0 (0.9: 10% "

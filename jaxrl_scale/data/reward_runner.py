@@ -185,6 +185,7 @@ class RewardFn:
         self.failures = 0
         self.timeouts = 0
         self.last_error: str | None = None
+        self.seconds, self._lap_start = 0.0, 0.0   # wall time in score_batch (reward_s)
         self._thread_worker: _ThreadWorker | None = None
         self._procs: list[_ProcessWorker | None] = [None] * num_workers
         self._lock = threading.Lock()
@@ -227,6 +228,7 @@ class RewardFn:
         group = n // p
         pairs = [(responses[i], examples[i // group]) for i in range(n)]
         with self._lock:
+            t0 = time.perf_counter()
             self.calls += n
             if self.timeout_s is None:
                 out = [self._inline(r, e) for r, e in pairs]
@@ -234,7 +236,13 @@ class RewardFn:
                 out = [self._threaded(r, e) for r, e in pairs]
             else:
                 out = self._in_processes(pairs)
+            self.seconds += time.perf_counter() - t0
         return np.asarray(out, dtype=np.float32)
+
+    def lap(self) -> float:
+        """Seconds in score_batch since the last lap (or the start)."""
+        dt, self._lap_start = self.seconds - self._lap_start, self.seconds
+        return dt
 
     def _inline(self, response: str, example: dict[str, Any]) -> float:
         try:

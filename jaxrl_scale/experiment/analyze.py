@@ -58,8 +58,9 @@ def _first_block_plan(runs, summary, sweep_dirs, out) -> None:
     import sys
     from jaxrl_scale.numbers import to_jsonable
     from jaxrl_scale.scaling import plan_compare
-    if len(sweep_dirs) != 1 or not any(x.block for x in summary.runs.values()):
-        return
+    if len(sweep_dirs) != 1 or not any(x.block for x in summary.runs.values()) or \
+            os.path.isfile(os.path.join(sweep_dirs[0], "plan_first.json")):
+        return   # one warm-start, or the study's own --plan_first plan is there already
     try:
         with open(os.path.join(sweep_dirs[0], "timing.json")) as f:
             timing = json.load(f)

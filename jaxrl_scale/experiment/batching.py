@@ -12,7 +12,7 @@ from jaxrl_scale.rl.batch import pack_sequences
 def pack_texts(tokenizer, prompts: Sequence[str], responses: Sequence[str], *,
                prompt_len: int, max_new_tokens: int):
     """Tokenise (prompt, response + EOS) pairs for supervised warm-starting."""
-    prompt_ids = [tokenizer.encode(p) for p in prompts]
+    prompt_ids = [tokenizer.encode_prompt(p) for p in prompts]   # the chat template's, if any
     resp_BM = np.full((len(responses), max_new_tokens), tokenizer.pad_id, np.int32)
     lengths_B = np.zeros((len(responses),), np.int32)
     for i, r in enumerate(responses):

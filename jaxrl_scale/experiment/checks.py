@@ -101,7 +101,54 @@ def check_wandb(cfg: TrainConfig) -> None:
                    "--wandb_project")
 
 
+# The reward's sources, one at most: a function, a server, a judge, a reward model.
+REWARD_SOURCES = ("reward_fn", "reward_url", "judge_url", "reward_model")
+
+
+def check_reward_source(cfg: TrainConfig) -> None:
+    """At most one reward source, and that one's flags (data/remote_rewards.py)."""
+    named = [f for f in REWARD_SOURCES if getattr(cfg, f)]
+    if len(named) > 1:
+        raise _err(named[1], f"both --{named[0]} and --{named[1]} name the reward",
+                   f"pass one of {', '.join('--' + f for f in REWARD_SOURCES)}")
+    if named and cfg.eval_mode == "exact" and named[0] != "reward_fn":
+        raise _err("eval_mode", f"'exact' needs an exact-match reward, not --{named[0]}",
+                   "use --eval_mode=sampled")
+    from jaxrl_scale.data.remote_rewards import check_url
+    for f in ("reward_url", "judge_url"):
+        problem = getattr(cfg, f) and check_url(getattr(cfg, f))
+        if problem:
+            raise _err(f, problem, f"pass --{f}=http://host:port/path")
+    for f in ("judge_model", "judge_template"):
+        if not cfg.judge_url and getattr(cfg, f):
+            raise _err(f, "is set but --judge_url is empty", f"set --judge_url too, or drop --{f}")
+        if cfg.judge_url and not getattr(cfg, f):
+            raise _err(f, "--judge_url needs it", f"pass --{f}=" +
+                       ("NAME (the served model)" if f == "judge_model" else "PATH (a text file "
+                        "with {prompt}, {response} and {answer} fields)"))
+    if cfg.judge_url:
+        path = os.path.expanduser(cfg.judge_template)
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise _err("judge_template", f"cannot read {cfg.judge_template!r} ({e})",
+                       "point --judge_template at a UTF-8 text file") from None
+        if "{response}" not in text:
+            raise _err("judge_template", f"{cfg.judge_template!r} has no {{response}} field",
+                       "put {response} (and {prompt}, {answer} as needed) in the template")
+    if cfg.reward_model:
+        from jaxrl_scale.models.reward_model import check_reward_model
+        try:
+            check_reward_model(os.path.expanduser(cfg.reward_model))
+        except (OSError, ValueError) as e:
+            raise _err("reward_model", " ".join(str(e).split()).rstrip("."), "point "
+                       "--reward_model at an HF *ForSequenceClassification directory "
+                       "(config.json, safetensors, one label)") from None
+
+
 def check_reward(cfg: TrainConfig) -> None:
+    check_reward_source(cfg)
     if not cfg.reward_fn:
         return
     from jaxrl_scale.data.rewards import load_reward_fn
@@ -317,3 +364,22 @@ def check_loss_recipe(cfg: TrainConfig) -> None:
         raise _err("overlong_buffer", f"{cfg.overlong_buffer} tokens is longer than the "
                    f"length cap max_new_tokens={cfg.max_new_tokens}",
                    f"use --overlong_buffer <= {cfg.max_new_tokens} (or 0: off)")
+
+
+def check_chat_template(spec: str, tokenizer: str):
+    """--chat_template ("none", "auto" or a .jinja path) for the run's --tokenizer: the template
+    is found, compiles and renders one task prompt (and, under the character tokenizer, its
+    text encodes), so a broken one stops the run before any data or model loads. Returns the
+    models.chat.ChatTemplate, or None for "none"."""
+    from jaxrl_scale.models.chat import SAMPLE_PROMPT, ChatTemplateError, load_chat_template
+    from jaxrl_scale.models.tokenizer import CharTokenizer
+    try:
+        template = load_chat_template(spec, tokenizer)
+        if template is not None and tokenizer == "char":
+            template.encode_prompt(CharTokenizer(), SAMPLE_PROMPT)
+    except (ChatTemplateError, ValueError) as e:
+        fix = ("use --chat_template=none (the bare prompt), or --chat_template=PATH of a .jinja "
+               "template" if spec == "auto" else "fix the template so that it renders one user "
+               "message, or use --chat_template=none (the bare prompt)")
+        raise _err("chat_template", " ".join(str(e).split()).rstrip("."), fix) from None
+    return template

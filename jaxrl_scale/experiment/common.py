@@ -36,7 +36,7 @@ def prompt_length(tokenizer, sources, max_prompt_len: int, context: int) -> int:
     longest, where = 0, None
     for name, src in sources:
         for i in range(len(src)):
-            n = len(tokenizer.encode(src[i]["prompt"]))
+            n = len(tokenizer.encode_prompt(src[i]["prompt"]))
             if n > longest:
                 longest, where = n, (name, i)
     if max_prompt_len <= 0:

@@ -13,7 +13,9 @@ from jaxrl_scale.experiment.checks import (check_eval_mode, check_lora, check_lo
                                            check_mesh, check_pass_k, check_paths, check_packing,
                                            check_refill, check_reward, check_task, check_updates,
                                            check_wandb)
+from jaxrl_scale.experiment.checks import check_chat_template
 from jaxrl_scale.experiment.errors import ConfigError  # noqa: F401  (re-exported)
+from jaxrl_scale.experiment.schedule import check_schedule
 from jaxrl_scale.optim import ADAM_RULES
 from jaxrl_scale.rl.config import LOSS_CHOICES, LossConfig, invalid_is_cap
 from jaxrl_scale.sampling.rules import SamplingConfig
@@ -83,7 +85,22 @@ class TrainConfig:
     # Your reward instead of the task's: "package.module:function" with signature
     # fn(response: str, example: dict) -> float (example: the task row, "prompt", "answer", ...)
     reward_fn: str = ""
-    reward_timeout_s: float = 10.0     # per call of reward_fn (0: no timeout, runs inline)
+    reward_timeout_s: float = 10.0     # per call of reward_fn or request (0: no timeout)
+    # Rewards from elsewhere (data/remote_rewards.py; docs/usage.md, Remote, judge and model
+    # rewards): a reward server's URL, an OpenAI-compatible judge with a prompt template
+    # ({prompt} {response} {answer}) and a score rule ("number" in [0, 1] or "yes_no"), or a
+    # *ForSequenceClassification HF directory run in-process. Requests: `reward_concurrency`
+    # at a time, `reward_retries` more tries each with backoff; `reward_batch_size`
+    # responses per request or model call (0: the batch split over the concurrency).
+    reward_url: str = ""
+    judge_url: str = ""
+    judge_model: str = ""
+    judge_template: str = ""
+    judge_parse: str = "number"
+    reward_model: str = ""
+    reward_concurrency: int = 4
+    reward_retries: int = 2
+    reward_batch_size: int = 0
     # --- model
     model: str = "rl_cpu"              # preset name, used when no checkpoint is given
     hf_checkpoint: str = ""            # HF directory (config.json + safetensors)
@@ -98,6 +115,9 @@ class TrainConfig:
     lora_alpha: float = 16.0
     lora_targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
     tokenizer: str = "char"            # "char" or a directory with tokenizer.json
+    # Prompts through a chat template (models/chat.py): "none" the bare prompt, "auto" the
+    # tokenizer's own template, or a .jinja file; each prompt is one user turn.
+    chat_template: str = "none"
     # --- batch (counted in retained responses per update: B_train = P * G)
     prompts_per_step: int = 32         # P
     group_size: int = 8                # G (PPO: 1)
@@ -162,6 +182,22 @@ class TrainConfig:
     # x update_epochs Adam updates of the policy per rollout, each still on B_train /
     # updates_per_rollout responses (the lr rule's batch). 1: each minibatch once.
     update_epochs: int = 1
+    # --- batch schedule (experiment/schedule.py): P as a controller during the run. "none":
+    # fixed P; "steps": from batch_ramp "RESPONSES:P,..." cumulative responses on, P prompts
+    # per step; "noise": every schedule_every steps, B_simple over the last schedule_window
+    # updates' micro-batch norms, and P doubles while the interval's lower end of
+    # schedule_c * B_simple exceeds the batch, up to batch_cap responses. The lr follows
+    # lr_rule at the current batch; the Adam state carries over.
+    batch_schedule: str = "none"
+    batch_ramp: str = ""
+    batch_cap: int = 0
+    schedule_every: int = 10
+    # 20 updates: enough for a bootstrap interval of a mean that single updates' |G|^2
+    # estimates (often negative at B = 128) cannot give; half of it is new at each decision.
+    schedule_window: int = 20
+    # The sweeps measured the critical batch about 2.3x below B_simple: c = 1/2.3 aims the
+    # batch at the critical batch, not at the noise scale itself.
+    schedule_c: float = 0.43
     # --- schedule
     max_steps: int = 100
     max_responses: int = 0             # response budget (0: none)
@@ -335,14 +371,15 @@ RANGES: dict[str, tuple[float, float, bool]] = {
         "prompts_per_step", "group_size", "max_new_tokens", "gen_batch_ratio", "engine_steps",
         "micro_batches", "max_steps", "eval_every", "eval_prompts", "eval_samples",
         "generate_chunk", "checkpoint_every", "base_batch", "critic_minibatches",
-        "critic_epochs", "mesh_expert", "updates_per_rollout", "update_epochs")},
+        "critic_epochs", "mesh_expert", "updates_per_rollout", "update_epochs",
+        "reward_concurrency")},
     "lora_rank": (0, _INF, False), "lora_alpha": (0, _INF, True),
     **{k: (0, _INF, False) for k in (
         "max_responses", "num_train_examples", "num_test_examples", "max_prompt_len", "seed",
         "warmup_steps", "top_k", "max_grad_norm", "clip_high", "vf_clip", "kl_coef",
         "entropy_coef", "router_aux_coef", "target_margin", "target_evals", "temperature", "dual_clip",
         "reward_timeout_s", "refill_cap", "refill_prompts", "token_budget", "overlong_buffer",
-        "overlong_penalty")},
+        "overlong_penalty", "reward_retries", "reward_batch_size")},
     **{k: (0, _INF, True) for k in ("base_lr", "critic_base_lr", "eps", "cispo_eps_high")},
     **{k: (0, 1, False) for k in ("clip_low", "gamma", "lam", "target")},
     **{k: (0, 1, True) for k in ("top_p",)},
@@ -357,7 +394,7 @@ def _enums() -> dict[str, tuple]:
     from jaxrl_scale.models.config import MOE_DISPATCHES
     from jaxrl_scale.models.remat import CHOICES as REMAT_CHOICES
     return {"algo": ALGOS, "rollout": ROLLOUTS, "lr_rule": ADAM_RULES, "wandb_mode": WANDB_MODES,
-            "eval_mode": EVAL_MODES,
+            "eval_mode": EVAL_MODES, "judge_parse": ("number", "yes_no"),
             "moe_dispatch": MOE_DISPATCHES, "remat": REMAT_CHOICES,
             **LOSS_CHOICES}   # the loss's choices: one table, rl/config.py
 
@@ -448,12 +485,14 @@ def validate(cfg: TrainConfig, *, data_parallel: int | None = None,
                    f"{cfg.num_test_examples} test examples", "lower --eval_prompts or raise "
                    "--num_test_examples")
     check_paths(cfg)
+    check_chat_template(cfg.chat_template, cfg.tokenizer)
     check_task(cfg)
     check_reward(cfg)
     check_eval_mode(cfg)
     check_pass_k(cfg)
     check_loss_recipe(cfg)
     check_wandb(cfg)
+    check_schedule(cfg, data_parallel)
     if data_parallel is not None and cfg.critic_minibatches > 1 and (
             cfg.batch_train // (cfg.micro_batches * cfg.critic_minibatches)) % data_parallel:
         raise _err("critic_minibatches", f"the critic's micro-batch of "

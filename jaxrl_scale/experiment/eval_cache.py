@@ -20,11 +20,17 @@ if TYPE_CHECKING:
 
 
 # What the step-0 eval depends on: the initial params, the eval prompts and the sampler; and
-# the pass@k it reports, keyed only when set (so caches made before it still match).
+# the pass@k it reports and the prompts' chat template, each keyed only when set (so caches
+# made before them still match).
 _EVAL0_FIELDS = ("model", "hf_checkpoint", "init_checkpoint", "tokenizer", "task", "task_kwargs",
                  "data_dir", "num_train_examples", "num_test_examples", "max_prompt_len",
                  "eval_prompts", "eval_samples", "eval_mode", "temperature", "top_k", "top_p",
-                 "max_new_tokens", "seed", "generate_chunk", "pass_k")
+                 "max_new_tokens", "seed", "generate_chunk", "pass_k", "chat_template",
+                 "reward_fn")
+_UNSET = {"pass_k": (), "chat_template": "none", "reward_fn": ""}
+# A server's, a judge's or a reward model's scores are no function of the config (the
+# server, the judge or the directory may change between runs): those runs evaluate afresh.
+_UNCACHED = ("reward_url", "judge_url", "reward_model")
 
 
 def initial_eval(run: "Run", loop: LoopState, cache_dir: str | None = None
@@ -36,10 +42,10 @@ def initial_eval(run: "Run", loop: LoopState, cache_dir: str | None = None
     get bit-identical results; a cached copy saves one full eval per such run. The key
     includes the checkpoint's modification time, so a retrained checkpoint is re-evaluated.
     """
-    if not cache_dir:
+    if not cache_dir or any(getattr(run.cfg, k) for k in _UNCACHED):
         return run.evaluate(loop)
     flat = run.cfg.flat()
-    key = {k: flat[k] for k in _EVAL0_FIELDS if k != "pass_k" or flat[k]}
+    key = {k: flat[k] for k in _EVAL0_FIELDS if k not in _UNSET or flat[k] != _UNSET[k]}
     for k in ("hf_checkpoint", "init_checkpoint"):
         if key[k]:
             key[k + "_mtime"] = os.path.getmtime(os.path.expanduser(key[k]))

@@ -219,8 +219,9 @@ def _quiet_item_metadata():
 
 
 def base_params(plan: ExportPlan):
-    """A LoRA run's frozen base, rebuilt as the training builds it (experiment/train._params,
-    and init_params(model, seed) when neither checkpoint is given)."""
+    """A LoRA run's frozen base, rebuilt as the training builds it
+    (experiment/states.start_params, and init_params(model, seed) when neither checkpoint is
+    given)."""
     import jax
 
     from jaxrl_scale.checkpoint import load_pytree

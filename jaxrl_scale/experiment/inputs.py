@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 from jaxrl_scale import distributed as dist
 from jaxrl_scale.data.rewards import ANSWER_IN_RESPONSE
-from jaxrl_scale.experiment.checks import hf_model_config
+from jaxrl_scale.experiment.checks import check_chat_template, hf_model_config
 from jaxrl_scale.experiment.common import check_answer_room, load_splits, prompt_length
 from jaxrl_scale.experiment.config import TrainConfig, validate
 from jaxrl_scale.experiment.errors import ConfigError
@@ -37,11 +37,13 @@ def load_inputs(cfg: TrainConfig, sync_name: str = "load_splits") -> Inputs:
         raise ConfigError("tokenizer", " ".join(str(e).split()).rstrip("."),
                           "point --tokenizer at the directory of the model's tokenizer.json, or "
                           "use --tokenizer=char") from None
+    tok.chat_template = check_chat_template(cfg.chat_template, cfg.tokenizer)
     with dist.primary_first(sync_name):   # process 0 builds the data, then the rest read it
         train_src, test_src = load_splits(cfg.task, cfg.task_kwargs, cfg.data_dir,
                                           cfg.num_train_examples, cfg.num_test_examples)
     sources = [("train", train_src), ("test", test_src)]
-    if not cfg.reward_fn and cfg.task in ANSWER_IN_RESPONSE:
+    if not (cfg.reward_fn or cfg.reward_url or cfg.judge_url or cfg.reward_model) and \
+            cfg.task in ANSWER_IN_RESPONSE:   # the task's own exact match
         check_answer_room(tok, sources, cfg.max_new_tokens)
     model_cfg = hf_model_config(cfg.hf_checkpoint) if cfg.hf_checkpoint else \
         get_config(cfg.model)

@@ -54,11 +54,26 @@ class SFTConfig:
     max_new_tokens: int = 6
     seed: int = 0
     cache_dir: str = "~/.cache/jaxrl_scale/sft"
+    # The RL run's --chat_template ("none" or a .jinja path: the character tokenizer has no
+    # template of its own), so the warm-start imitates solutions to the prompts RL will see.
+    chat_template: str = "none"
 
     def key(self) -> str:
         d = dataclasses.asdict(self)
         d.pop("cache_dir")
+        if d["chat_template"] == "none":   # the keys of entries cached before templates
+            d.pop("chat_template")
+        else:                              # the template's text, wherever its file is
+            d["chat_template"] = _template_digest(self.chat_template)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _template_digest(spec: str) -> str:
+    from jaxrl_scale.models.chat import ChatTemplateError, read_template
+    try:
+        return hashlib.sha256(read_template(spec, "char").encode()).hexdigest()
+    except ChatTemplateError:   # validate_sft reports it; the key only needs to be stable
+        return spec
 
 
 # sft_warmstart(SFTConfig(**json), force) in a process of its own (multi-process runs)
@@ -74,7 +89,13 @@ def sft_config_for(cfg, target_accuracy: float = SFTConfig.target_accuracy,
                      model=cfg.model, num_train_examples=cfg.num_train_examples,
                      num_test_examples=cfg.num_test_examples,
                      max_new_tokens=cfg.max_new_tokens, target_accuracy=target_accuracy,
-                     seed=seed)
+                     seed=seed, chat_template=_sft_template(cfg))
+
+
+def _sft_template(cfg) -> str:
+    """The warm-start's template: the RL run's, which the warm-start (always the character
+    tokenizer) can render when the RL run's tokenizer is that one too."""
+    return cfg.chat_template if cfg.tokenizer == "char" else "none"
 
 
 def sft_loss(cfg, params, batch):
@@ -93,7 +114,7 @@ def greedy_accuracy(model_cfg, params, tokenizer, examples, reward_fn, *, max_ne
     scores = []
     for i in range(0, len(examples), batch_size):
         chunk = examples[i:i + batch_size]
-        out = generate(model_cfg, params, [tokenizer.encode(e["prompt"]) for e in chunk],
+        out = generate(model_cfg, params, [tokenizer.encode_prompt(e["prompt"]) for e in chunk],
                        max_new_tokens=max_new_tokens, temperature=0.0,
                        eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
         texts = decode_responses(tokenizer, np.asarray(out.tokens), np.asarray(out.lengths))
@@ -133,6 +154,8 @@ def validate_sft(cfg: SFTConfig) -> None:
     if cfg.model not in PRESETS:
         raise ConfigError("model", f"{cfg.model!r} is not a model preset",
                           f"use one of {', '.join(sorted(PRESETS))}")
+    from jaxrl_scale.experiment.checks import check_chat_template
+    check_chat_template(cfg.chat_template, "char")
 
 
 def sft_warmstart(cfg: SFTConfig, *, progress: bool = True, force: bool = False):
@@ -202,7 +225,9 @@ def _train(cfg: SFTConfig, out_dir: str, info_path: str, progress: bool):
     """Train the warm-start and write the cache entry (params, then info.json)."""
     from jaxrl_scale.data import reward_for_task
     from jaxrl_scale.models.tokenizer import CharTokenizer
+    from jaxrl_scale.experiment.checks import check_chat_template
     tok = CharTokenizer()
+    tok.chat_template = check_chat_template(cfg.chat_template, "char")   # as the RL run's prompts
     model_cfg = get_config(cfg.model)
     if tok.vocab_size > model_cfg.vocab_size:
         raise ValueError(f"SFTConfig.model: preset {cfg.model!r} has {model_cfg.vocab_size} "

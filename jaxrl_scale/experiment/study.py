@@ -86,6 +86,10 @@ class SweepConfig:
     # futility stop at `futility`, 0: none) get no more runs, and the study ends early when
     # none is open (docs/science.md, Sequential study).
     design: str = "fixed"
+    # True (fixed design, two or more warm-starts, a timing pass per warm-start): after the
+    # first warm-start, `jaxrl-plan` on its reference runs and timing pass; the batches its
+    # recommended set rules out get no runs from later warm-starts (plan_first.json).
+    plan_first: bool = False
     looks: tuple[int, ...] = ()
     spending: str = "obf"
     futility: float = 0.9
@@ -401,6 +405,12 @@ def check_sweep_fields(sweep: SweepConfig) -> None:
              f"{sweep.spending!r}", "e.g. --spending=obf (O'Brien-Fleming type)")
         need("futility", 0 <= sweep.futility < 1, f"must lie in [0, 1), got {sweep.futility}",
              "e.g. --futility=0.9 (stop a config that cannot be 10% faster; 0: never)")
+    if sweep.plan_first:
+        need("plan_first", sweep.design == "fixed" and n_blocks(sweep) >= 2
+             and sweep.timing_steps > 0, "needs --design=fixed, two or more warm-starts and "
+             f"a timing pass per warm-start (design {sweep.design}, {n_blocks(sweep)} "
+             f"warm-start(s), timing_steps {sweep.timing_steps})",
+             "e.g. --warm_starts=6 --timing_steps=8, or drop --plan_first")
     need("target_fraction", 0 < sweep.target_fraction < 1,
          f"must lie strictly between 0 and 1, got {sweep.target_fraction}",
          "e.g. --target_fraction=0.75 (the auto target's share of the way from the start to "

@@ -456,7 +456,40 @@ def _run_warm_starts(sweep: SweepConfig, runs: list[TrainConfig], progress: bool
             errors[f"_timing_w{w}"] = err
         if plan is not None and w + 1 in plan.looks and not errors:
             open_ = _look(sweep, plan, w + 1)
+        if sweep.plan_first and w == 0 and W > 1 and not errors:
+            open_ = _plan_first(sweep)
     return errors, timings
+
+
+def _plan_first(sweep: SweepConfig) -> set[str] | None:
+    """The configs the first warm-start's plan keeps (`plan_compare.block_plan`: its reference
+    runs and timing pass), recorded in SWEEP_DIR/plan_first.json and said on stdout; None
+    (every config) when it cannot plan, said why."""
+    import json
+    from jaxrl_scale.scaling import plan_compare
+    from jaxrl_scale.scaling.analysis import load_runs
+    runs, _ = load_runs(sweep.sweep_dir)
+    try:
+        with open(os.path.join(sweep.sweep_dir, "timing.json")) as f:
+            timing = json.load(f)
+    except (OSError, ValueError):
+        timing = None
+    plan, why = plan_compare.block_plan(runs, timing, sweep.target_fraction)
+    if plan is None:
+        print(f"plan_first: no plan ({why}); every config runs from every warm-start",
+              flush=True)
+        return None
+    keep_b = set(plan["recommended"]["batches"])
+    keep = {r.group for r in runs if r.batch in keep_b}
+    dropped = sorted({r.group for r in runs} - keep)
+    plan["plan_first"] = {"kept": sorted(keep), "dropped": dropped}
+    write_json(os.path.join(sweep.sweep_dir, PLAN_FIRST_FILE), plan, indent=1)
+    print(f"plan_first after warm-start 1: recommended B = {plan['recommended']['batch']:g}; "
+          f"no more runs of {', '.join(dropped) or 'none'}", flush=True)
+    return keep
+
+
+PLAN_FIRST_FILE = "plan_first.json"
 
 
 def config_name(c: TrainConfig) -> str:

@@ -37,8 +37,8 @@ from jaxrl_scale import distributed as dist
 from jaxrl_scale import interrupt
 from jaxrl_scale import optim
 from jaxrl_scale import sharding as shd
-from jaxrl_scale.checkpoint import Checkpointer, load_pytree
-from jaxrl_scale.experiment.checks import check_lora, check_packing, hf_checkpoint_errors
+from jaxrl_scale.checkpoint import Checkpointer
+from jaxrl_scale.experiment.checks import check_lora, check_packing
 from jaxrl_scale.experiment.common import write_json
 from jaxrl_scale.experiment.config import (TrainConfig, check_resume, validate_for_devices,
                                            write_config)
@@ -49,8 +49,10 @@ from jaxrl_scale.experiment.records import (NONFINITE_STREAK, NonfiniteUpdatesEr
                                             pass_k_fields, skipped_streak, step_metrics,
                                             target_stop)
 from jaxrl_scale.experiment.rundir import DONE_FILE, claim_run_dir, done_counters
+from jaxrl_scale.experiment.schedule import ScheduleState, after_step, reachable_prompts
+from jaxrl_scale.experiment.states import (born_state, optimizer_for, start_params,
+                                           trained_part)
 from jaxrl_scale.experiment.writers import close_all, make_writers, write_all
-from jaxrl_scale.models import init_params, load_hf
 from jaxrl_scale.models import lora
 from jaxrl_scale.rl import exact_eval
 from jaxrl_scale.rl.batch import RolloutBatch, check_shared_prompts, rollout_batch
@@ -60,7 +62,7 @@ from jaxrl_scale.rl.partial import PartialRollout
 from jaxrl_scale.rl.refill import Refill, refill_rollout
 from jaxrl_scale.rl.rollout import (LoopState, Rollout, SamplingSettings, generate_rollout,
                                     score_rollout)
-from jaxrl_scale.rl.state import init_train_state, state_shardings
+from jaxrl_scale.rl.state import state_shardings
 from jaxrl_scale.rl.steps import grpo_step, make_train_step, ppo_step, score_tokens
 from jaxrl_scale.rl.value import init_critic_from_actor
 from jaxrl_scale.sampling.engine import SlotEngine
@@ -72,61 +74,6 @@ def stop_requested() -> bool:
     if jax.process_count() == 1:
         return interrupt.requested()
     return bool(dist.broadcast(np.int32(interrupt.requested())))
-
-
-def optimizer_for(cfg: TrainConfig, base_lr: float, batch: int | None = None,
-                  rule: str = ""):
-    """(tx, lr_fn): Adam whose hyper-parameters follow `rule` (default optim.lr_rule) at
-    `batch` responses per update (default P*G) relative to base_batch, and the lr it uses at a
-    given update count."""
-    o = cfg.optim
-    base = optim.AdamHParams(lr=base_lr, b1=o.b1, b2=o.b2, eps=o.eps)
-    hp = optim.scaled_adam_hparams(base, batch or cfg.batch_train, o.base_batch,
-                                   rule or o.lr_rule)
-    tx = optim.make_optimizer(hp, warmup_steps=o.warmup_steps,
-                              max_grad_norm=o.max_grad_norm or None)
-    return tx, functools.partial(optim.current_lr, hp, warmup_steps=o.warmup_steps)
-
-
-def _params(cfg: TrainConfig, model_cfg, mesh):
-    """The params to start from, or None: a random init from cfg.seed, which the caller runs
-    born sharded (`init_train_state`); an init_checkpoint is restored sharded on `mesh` (each
-    process reads its shards)."""
-    params = None
-    if cfg.hf_checkpoint:
-        with hf_checkpoint_errors(cfg.hf_checkpoint):
-            _, params = load_hf(os.path.expanduser(cfg.hf_checkpoint))
-    if cfg.init_checkpoint:
-        shapes = jax.eval_shape(lambda: init_params(model_cfg, 0))
-        like = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                            shapes, shd.tree_shardings(mesh, shapes))
-        params, _ = load_pytree(os.path.expanduser(cfg.init_checkpoint), like)
-    return params
-
-
-_LORA_KEY = 0x10A   # folded into the seed for the adapters' init
-
-
-def _state(mesh, model_cfg, params, tx, seed: int, lcfg: "lora.LoraConfig | None" = None):
-    """TrainState born sharded on `mesh`: params loaded (then moved) or initialised there.
-    lcfg (LoRA): the state trains fresh adapters, the params are its frozen base."""
-    if params is None:
-        base_fn, args = (lambda: init_params(model_cfg, seed)), ()
-    else:
-        # moved first: a multi-process jit takes only arrays already on its mesh
-        params = jax.device_put(params, shd.tree_shardings(mesh, params))
-        base_fn, args = (lambda p: p), (params,)
-    if lcfg is None:
-        return init_train_state(base_fn, tx, *args, mesh=mesh, seed_or_key=seed)
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), _LORA_KEY)
-    return init_train_state(lambda *a: (lora.init_adapters(model_cfg, lcfg, key), base_fn(*a)),
-                            tx, *args, mesh=mesh, seed_or_key=seed, with_frozen=True)
-
-
-def trained_part(states) -> tuple:
-    """The train states without LoRA's frozen base: what a checkpoint holds (the base is
-    rebuilt from the run's config, which names it: hf_checkpoint / init_checkpoint / model)."""
-    return tuple(s.replace(frozen=None) for s in states)
 
 
 class Run:
@@ -146,63 +93,41 @@ class Run:
                                          self.tok.pad_id, cfg.generate_chunk)
         check_packing(cfg.replace(max_prompt_len=self.prompt_len),
                       shd.data_parallel_size(self.mesh), self.model_cfg)
-        from jaxrl_scale.data import PromptStream, reward_for_task, user_reward
+        from jaxrl_scale.data import PromptStream
+        from jaxrl_scale.data.remote_rewards import reward_for_run
         # The engine admits one prompt group at a time; the example order is the same.
         self.stream = PromptStream(self.train_src, 1 if cfg.use_engine else cfg.prompts_per_step,
                                    cfg.seed)
-        self.reward_fn = user_reward(cfg.reward_fn, timeout_s=cfg.reward_timeout_s or None) \
-            if cfg.reward_fn else reward_for_task(cfg.task)
-        params = _params(cfg, self.model_cfg, self.mesh)
+        self.reward_fn = reward_for_run(cfg, self.tok)   # task, function, server, judge, model
+        params = start_params(cfg, self.model_cfg, self.mesh)
         self.eval_rows = [self.test_src[i] for i in range(min(cfg.eval_prompts,
                                                               len(self.test_src)))]
 
         self.lora = cfg.lora
         if self.lora is not None:   # the model's own checks (an MoE model has no dense MLP)
             check_lora(cfg, self.model_cfg)
-        # updates_per_rollout = U minibatches of whole groups, one update each, in
-        # update_epochs = E passes: the lr rule sees the update's batch, B_train / U
-        U, E = cfg.updates_per_rollout, cfg.update_epochs
-        tx, lr_fn = optimizer_for(cfg, cfg.optim.base_lr, cfg.batch_train // U)
+        # GRPO's G responses share their prompt: the update runs it once per group.
+        self.shared_prompt_len = self.prompt_len if (
+            cfg.algo == "grpo" and cfg.share_prompt and cfg.group_size > 1) else 0
+        options = self._options(cfg)
         # The initial train state(s): the loop's first LoopState (`initial_state`) and the
         # template of shapes and shardings for compiling and restoring; the update donates
         # them, so the loop never reads them back from here.
-        self.init_states = (_state(self.mesh, self.model_cfg, params, tx, cfg.seed,
-                                   self.lora),)
+        self.init_states = (born_state(self.mesh, self.model_cfg, params, options.tx, cfg.seed,
+                                       self.lora),)
         self._merge = None
         if self.lora is not None:   # decoding runs the merged weights: one merge per update
             base = self.init_states[0].frozen
             self._merge = jax.jit(lambda b, a: lora.merge(b, a, self.lora.scale),
                                   out_shardings=shd.tree_shardings(self.mesh, base))
-        # GRPO's G responses share their prompt: the update runs it once per group.
-        self.shared_prompt_len = self.prompt_len if (
-            cfg.algo == "grpo" and cfg.share_prompt and cfg.group_size > 1) else 0
-        if cfg.algo == "grpo":
-            options = StepOptions(self.model_cfg, tx, cfg.loss, cfg.micro_batches, lr_fn=lr_fn,
-                                  group_size=cfg.group_size,
-                                  shared_prompt_len=self.shared_prompt_len, num_minibatches=U,
-                                  epochs=E, remat=cfg.remat,
-                                  lora_scale=self.lora.scale if self.lora else None)
-        else:
-            ctx, clr_fn = optimizer_for(cfg, cfg.optim.critic_base_lr,
-                                        cfg.batch_train // cfg.critic_minibatches,
-                                        cfg.optim.critic_lr_rule)
+        if cfg.algo == "ppo":
             critic = init_critic_from_actor(self.init_states[0].params,
                                             jax.random.PRNGKey(cfg.seed + 1))
-            self.init_states += (_state(self.mesh, self.model_cfg, critic, ctx, cfg.seed + 1),)
-            options = StepOptions(self.model_cfg, tx, cfg.loss, cfg.micro_batches, lr_fn=lr_fn,
-                                  critic_tx=ctx, critic_lr_fn=clr_fn, num_minibatches=U,
-                                  epochs=E, remat=cfg.remat,
-                                  critic_minibatches=cfg.critic_minibatches,
-                                  critic_epochs=cfg.critic_epochs)
-        self.step_fn = make_train_step(grpo_step if cfg.algo == "grpo" else ppo_step,
-                                       self.init_states, mesh=self.mesh, options=options)
-        self.packed = PackedGRPO(options, cfg.token_budget, self.mesh) if cfg.token_budget \
-            else None
-        self.critic_schedule = None if cfg.algo != "ppo" else {
-            "critic_updates": cfg.critic_minibatches * cfg.critic_epochs,
-            "critic_batch": cfg.batch_train // cfg.critic_minibatches,
-            "critic_micro_batch_size": cfg.batch_train // (cfg.critic_minibatches *
-                                                           cfg.micro_batches)}
+            self.init_states += (born_state(self.mesh, self.model_cfg, critic,
+                                            options.critic_tx, cfg.seed + 1),)
+        # the update at each P a batch schedule reaches (`use_prompts`), built once
+        self._at = {cfg.prompts_per_step: (cfg, *self._update_parts(cfg, options))}
+        self.step_fn, self.packed, self.critic_schedule = self._at[cfg.prompts_per_step][1:]
         # KL to a frozen reference: the initial policy (rebuilt the same way on resume).
         # (Off-policy rollouts need no scoring pass: cfg.loss.decoupled, see LossConfig.)
         self._exact_scorer = None   # built at the first exact eval (rl/exact_eval.py)
@@ -226,9 +151,52 @@ class Run:
                                 eos_id=self.tok.eos_id, pad_id=self.tok.pad_id, mesh=self.mesh,
                                 steps_per_call=cfg.engine_steps)
             self.partial = PartialRollout(
-                engine, lambda: self.stream.next_batch()[0], self.tok.encode,
+                engine, lambda: self.stream.next_batch()[0], self.tok.encode_prompt,
                 prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
                 max_staleness=cfg.staleness_bound, recompute_kv=cfg.recompute_kv)
+
+    def _options(self, cfg: TrainConfig) -> StepOptions:
+        """The update's static options at cfg's batch: updates_per_rollout = U minibatches of
+        whole groups, one update each, in update_epochs = E passes, so the lr rule sees the
+        update's batch, B_train / U (PPO's critic: its own minibatches and rule)."""
+        U, E = cfg.updates_per_rollout, cfg.update_epochs
+        tx, lr_fn = optimizer_for(cfg, cfg.optim.base_lr, cfg.batch_train // U)
+        if cfg.algo == "grpo":
+            return StepOptions(self.model_cfg, tx, cfg.loss, cfg.micro_batches, lr_fn=lr_fn,
+                               group_size=cfg.group_size,
+                               shared_prompt_len=self.shared_prompt_len, num_minibatches=U,
+                               epochs=E, remat=cfg.remat,
+                               lora_scale=self.lora.scale if self.lora else None)
+        ctx, clr_fn = optimizer_for(cfg, cfg.optim.critic_base_lr,
+                                    cfg.batch_train // cfg.critic_minibatches,
+                                    cfg.optim.critic_lr_rule)
+        return StepOptions(self.model_cfg, tx, cfg.loss, cfg.micro_batches, lr_fn=lr_fn,
+                           critic_tx=ctx, critic_lr_fn=clr_fn, num_minibatches=U, epochs=E,
+                           remat=cfg.remat, critic_minibatches=cfg.critic_minibatches,
+                           critic_epochs=cfg.critic_epochs)
+
+    def _update_parts(self, cfg: TrainConfig, options: StepOptions):
+        """(step_fn, packed update or None, PPO critic's schedule or None) at cfg's batch."""
+        step_fn = make_train_step(grpo_step if cfg.algo == "grpo" else ppo_step,
+                                  self.init_states, mesh=self.mesh, options=options)
+        packed = PackedGRPO(options, cfg.token_budget, self.mesh) if cfg.token_budget else None
+        critic = None if cfg.algo != "ppo" else {
+            "critic_updates": cfg.critic_minibatches * cfg.critic_epochs,
+            "critic_batch": cfg.batch_train // cfg.critic_minibatches,
+            "critic_micro_batch_size": cfg.batch_train // (cfg.critic_minibatches *
+                                                           cfg.micro_batches)}
+        return step_fn, packed, critic
+
+    def use_prompts(self, prompts: int) -> None:
+        """Run the next steps at `prompts` per step (a batch schedule's change,
+        experiment/schedule.py): the config, the stream's batch and the update at that batch,
+        its lr by the run's rule there. The train states carry over unchanged
+        (experiment/states.py: the Adam state does not depend on the lr)."""
+        if prompts not in self._at:
+            cfg = next(iter(self._at.values()))[0].replace(prompts_per_step=prompts)
+            self._at[prompts] = (cfg, *self._update_parts(cfg, self._options(cfg)))
+        self.cfg, self.step_fn, self.packed, self.critic_schedule = self._at[prompts]
+        self.stream.batch_size = prompts
 
     def policy_params(self, state):
         """The full params of the policy in a train state, for decoding and scoring: the
@@ -311,7 +279,7 @@ class Run:
     def sample(self, params, examples, group: int, seed, temperature: float) -> Rollout:
         """`generate` over examples x group samples at `temperature`
         (rl/rollout.generate_rollout)."""
-        return generate_rollout(self.model_cfg, params, examples, group, self.tok.encode,
+        return generate_rollout(self.model_cfg, params, examples, group, self.tok.encode_prompt,
                                 self.sampling.with_temperature(temperature), seed=seed,
                                 mesh=self.mesh)
 
@@ -344,8 +312,7 @@ class Run:
         update number loop.step + 1, the step's training record). `update`: the compiled
         step from `compile()` (default: `step_fn`, compiled at its first call)."""
         cfg, update = self.cfg, update or self.packed or self.step_fn
-        step = loop.step + 1
-        t0 = time.perf_counter()
+        step, t0, _ = loop.step + 1, time.perf_counter(), self.reward_fn.lap()   # not eval's
         gen_seed = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), step)
         params = self.policy_params(loop.states[0])
         r = self.rollout(params, step, gen_seed)
@@ -393,7 +360,7 @@ class Run:
             response_len=float(seen_lengths.mean()), **accounting,
             gen_s=gen_s, decode_s=r.decode_s, train_s=time.perf_counter() - t1,
             batch_train=cfg.batch_train, batch_gen=cfg.batch_gen,
-            reward_failures=failures, **r.fields())
+            reward_failures=failures, reward_s=self.reward_fn.lap(), **r.fields())
         loop = loop.replace(states=tuple(states), step=step, reward_failures=failures,
                             responses=loop.responses + accounting["retained"],
                             responses_generated=loop.responses_generated +
@@ -468,6 +435,11 @@ def _train(cfg: TrainConfig, progress: bool, stop_after_steps: int | None,
         raise interrupt.Interrupted("stopped while loading the data and model; nothing new "
                                     "was trained")
     update, compile_s = run.compile()   # a Ctrl-C here waits for the compile (see interrupt.py)
+    updates = {cfg.prompts_per_step: update}
+    for p in reachable_prompts(cfg)[1:]:   # each batch a schedule may reach, before the clock
+        run.use_prompts(p)
+        updates[p], seconds = run.compile()
+        compile_s += seconds
     if stop_requested():
         raise interrupt.Interrupted("stopped after compiling; nothing new was trained")
     primary = dist.is_primary()
@@ -475,7 +447,7 @@ def _train(cfg: TrainConfig, progress: bool, stop_after_steps: int | None,
         write_config(cfg.run_dir, cfg)
     log = MetricsLog(os.path.join(cfg.run_dir, "metrics.jsonl"))
     ckpt = Checkpointer(os.path.join(cfg.run_dir, "checkpoints"))
-    loop = run.initial_state()
+    loop, sched = run.initial_state(), ScheduleState(cfg.prompts_per_step)
     resumed = ckpt.latest_step() is not None
     if resumed:   # the newest checkpoint that reads (checkpoint.py falls back past bad ones)
         states, meta = ckpt.restore(None, trained_part(loop.states))
@@ -484,8 +456,12 @@ def _train(cfg: TrainConfig, progress: bool, stop_after_steps: int | None,
                             reward_failures=meta.get("reward_failures", 0),
                             eval_scores=tuple(meta.get("eval_scores", ())))
         run.stream.restore(meta["data_position"])
+        sched = ScheduleState.from_json(meta.get("schedule", sched.to_json()))
         if primary:
             log.truncate_after(loop.step)
+    if len(updates) > 1:   # a schedule: the P of its (restored) state
+        run.use_prompts(sched.prompts)
+        update = updates[sched.prompts]
     # TensorBoard / W&B get every record metrics.jsonl gets; the steps after the restored
     # checkpoint are replayed, so the writers hide what a killed attempt logged from there.
     writers = make_writers(cfg.run_dir, tensorboard=cfg.tensorboard,
@@ -512,7 +488,8 @@ def _train(cfg: TrainConfig, progress: bool, stop_after_steps: int | None,
         ckpt.save(loop.step, trained_part(loop.states),
                   {"counters": loop.counters(), "data_position": run.data_position,
                    "reward_failures": loop.reward_failures,
-                   "eval_scores": list(loop.eval_scores)})
+                   "eval_scores": list(loop.eval_scores),
+                   **({"schedule": sched.to_json()} if cfg.batch_schedule != "none" else {})})
 
     def finished(c: LoopState) -> bool:
         if c.step >= cfg.max_steps:
@@ -544,6 +521,11 @@ def _train(cfg: TrainConfig, progress: bool, stop_after_steps: int | None,
         loop, rec = run.train_step(loop, update)
         loop = loop.replace(time_s=loop.time_s + time.perf_counter() - t0)
         step = loop.step
+        sched, fields = after_step(cfg, sched, step, loop.responses, rec)
+        rec.update(fields)
+        if sched.prompts != run.cfg.prompts_per_step:   # the schedule changed the batch
+            run.use_prompts(sched.prompts)
+            update = updates[sched.prompts]
         emit({"step": step, "responses": loop.responses,
               "responses_generated": loop.responses_generated,
               "time_s": loop.time_s, **rec})

@@ -4,6 +4,7 @@ adapter over Hugging Face `tokenizers` (tokenizer.json) for real checkpoints.
     tok = load_tokenizer("char")            # CharTokenizer, vocab_size 99
     tok = load_tokenizer("/ckpt/Qwen2.5")   # HFTokenizer over /ckpt/Qwen2.5/tokenizer.json
     ids = tok.encode("23+58=");  text = tok.decode(ids)
+    ids = tok.encode_prompt("23+58=")       # through tok.chat_template when set (models/chat.py)
 
 `decode` never stops early: it renders every id except `pad_id`. Generation output keeps the
 EOS token and pads after it, so use `decode_response` to get the text a reward should see.
@@ -32,10 +33,19 @@ class Tokenizer(abc.ABC):
     pad_id: int
     eos_id: int
     bos_id: int | None = None
+    # models.chat.ChatTemplate a run's prompts are rendered with (--chat_template), or None
+    chat_template: Any = None
 
     @abc.abstractmethod
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`."""
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Token ids of a task prompt: with a `chat_template`, the prompt as one user turn
+        followed by the assistant's generation prompt; without one, `encode(text)`."""
+        if self.chat_template is None:
+            return self.encode(text)
+        return self.chat_template.encode_prompt(self, text)
 
     @abc.abstractmethod
     def decode(self, ids: Iterable[int]) -> str:

@@ -391,7 +391,12 @@ def planner_lines(root: str, summary: Summary, path, drawn: list) -> list[str]:
                f"B_simple = {fmt_ci(plan['B_simple'], plan['B_simple_ci'])}; recommended "
                f"B = {fmt(rec['batch'])} (range {fmt(rec['range'][0])}..{fmt(rec['range'][1])}). "
                "✓ measured point inside the predicted interval, ~ intervals overlap, x disjoint.",
-               "", plan_compare.separation_text(rec), "", planner.format_compare(rows), "",
+               "", plan_compare.separation_text(rec), ""]
+        if plan.get("plan_first"):
+            md += ["The study ran later warm-starts only where this plan kept a batch (--plan_"
+                   "first): no runs of " + (", ".join(plan["plan_first"]["dropped"]) or "none")
+                   + " after the first warm-start.", ""]
+        md += [planner.format_compare(rows), "",
                "- " + "; ".join(f"{m}: {c['inside']}/{c['n']} inside, {c['overlap']}/{c['n']} "
                                 f"overlap" for m, c in counts.items()), ""]
         stem = os.path.splitext(os.path.basename(plan_path))[0]

@@ -52,7 +52,7 @@ def answer_rows(tokenizer, examples: Sequence[dict], max_new_tokens: int) -> dic
         if len(a) > max_new_tokens:
             continue
         t = len(a) < max_new_tokens
-        prompts.append(tokenizer.encode(e["prompt"]))
+        prompts.append(tokenizer.encode_prompt(e["prompt"]))
         resp.append(a + [tokenizer.eos_id] * t)
         alen.append(len(a))
         term.append(t)

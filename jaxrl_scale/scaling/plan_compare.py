@@ -172,27 +172,30 @@ FIRST_BLOCK_PLAN = "plan_first_block.json"
 
 
 def first_block_plan(runs, summary, timing: dict | None, n_boot: int = 1000,
-                     seed: int = 0) -> tuple[dict | None, str]:
+                     seed: int = 0, min_blocks: int = 2) -> tuple[dict | None, str]:
     """The plan a study could have made before its other warm-starts: `planner.batch_plan` on
     its first warm-start block's reference runs (target: that block's J*), with the step-time
-    fit of that block's timing pass, for every batch the study ran. (None, why) when the study
-    has no warm-start blocks, no timing pass of the block, or a probe the planner refuses."""
+    fit of that block's timing pass, for every batch the study ran. With ``min_blocks`` 0 and
+    runs of one warm-start (no blocks): its reference runs and its pass. (None, why) when the
+    study has fewer blocks, no timing pass of the block, or a probe the planner refuses."""
     from jaxrl_scale.scaling import planner, step_cost
     algo = summary.primary_algo
     ref = summary.reference_configs.get(algo)
     blocks = sorted({x.block for x in summary.runs.values() if x.block})
-    if not ref or len(blocks) < 2:
+    if not ref or len(blocks) < min_blocks:
         return None, "one warm-start: no first block to plan from"
-    names = {n for n, x in summary.runs.items() if x.block == blocks[0] and x.group == ref}
+    block = blocks[0] if blocks else None
+    names = {n for n, x in summary.runs.items() if x.block == block and x.group == ref}
     probe = [r for r in runs if r.name in names]
     warm = {os.path.basename(os.path.dirname(str(r.config.get("init_checkpoint") or "")))
             for r in probe}
     entries = [e for e in (timing or {}).get("entries", [])
-               if e.get("algo", algo) == algo and os.path.basename(os.path.dirname(
-                   str(e.get("warm_start") or ""))) in warm]
+               if e.get("algo", algo) == algo and (block is None or os.path.basename(
+                   os.path.dirname(str(e.get("warm_start") or ""))) in warm)]
     if not probe or len(warm) != 1 or len({e["batch"] for e in entries}) < 2:
-        return None, f"no timing pass of warm-start block {blocks[0]} to fit step times to"
-    target = ((summary.primary.target_rule or {}).get("per_warm_start") or {}).get(blocks[0])
+        return None, f"no timing pass of warm-start block {block or 1} to fit step times to"
+    rule = (summary.primary.target_rule or {}).get("per_warm_start") or {}
+    target = rule.get(block) if block else summary.primary.target
     batches = sorted({float(c.batch) for c in summary.configs.values()
                       if c.algo == algo and is_number(c.batch)})
     try:
@@ -201,9 +204,23 @@ def first_block_plan(runs, summary, timing: dict | None, n_boot: int = 1000,
                                   seed=seed)
     except planner.PlanError as e:
         return None, f"{e.field}: {e.problem}"
-    plan["first_block"] = {"block": blocks[0], "probe_runs": sorted(names), "target": target}
+    plan["first_block"] = {"block": block or "w0", "probe_runs": sorted(names),
+                           "target": target}
     return plan, ""
 
 
+def block_plan(runs, timing: dict | None, target_fraction: float, n_boot: int = 1000,
+               seed: int = 0) -> tuple[dict | None, str]:
+    """`first_block_plan` of a study that has run its first warm-start only (the runs so far,
+    analysed at the study's target fraction)."""
+    from jaxrl_scale.scaling import analysis
+    try:
+        summary = analysis.analyze(runs, "auto", n_boot=50, target_fraction=target_fraction,
+                                   timing=(timing or {}).get("entries") or None)
+    except Exception as e:   # noqa: BLE001  (any analysis failure: plan nothing, say why)
+        return None, f"the first warm-start's runs cannot be analysed ({e})"
+    return first_block_plan(runs, summary, timing, n_boot, seed, min_blocks=0)
+
+
 __all__ = ["METRICS", "compare", "compare_counts", "recommendation_check", "format_compare",
-           "first_block_plan", "FIRST_BLOCK_PLAN", "separation_text"]
+           "first_block_plan", "block_plan", "FIRST_BLOCK_PLAN", "separation_text"]
