@@ -252,3 +252,23 @@ def permute_mlp(params, seed: int = 1):
     layers["w_up"] = layers["w_up"][..., perm]
     layers["w_down"] = layers["w_down"][..., perm, :]
     return {**params, "layers": layers}
+
+
+def tiny_qwen2(cls: str = "Qwen2ForCausalLM", seed: int = 0, **config):
+    """A tiny transformers Qwen2 model (``cls``: Qwen2ForCausalLM, Qwen2ForSequenceClassification)
+    with every parameter random: norms near 1, biases and weights small, so a weight-mapping
+    error shows in its outputs. ``config``: Qwen2Config fields over a 2-layer, width-32 base.
+    Needs torch and transformers (the caller skips without them)."""
+    import torch
+    import transformers
+    kw = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64,
+              tie_word_embeddings=False)
+    kw.update(config)
+    torch.manual_seed(seed)
+    model = getattr(transformers, cls)(transformers.Qwen2Config(**kw)).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            scale = 0.2 if "norm" in name else 0.1 if name.endswith("bias") else 0.08
+            p.copy_((1.0 if "norm" in name else 0.0) + scale * torch.randn_like(p))
+    return model

@@ -46,16 +46,7 @@ EOS = 1
 def _hf_base(d):
     """A tiny random Qwen2 (vocab 128 >= the char tokenizer's 99 ids) with tokenizer files."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    cfg = transformers.Qwen2Config(vocab_size=128, hidden_size=32, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2,
-                                   intermediate_size=48, max_position_embeddings=64,
-                                   tie_word_embeddings=False, eos_token_id=EOS)
-    torch.manual_seed(0)
-    model = transformers.Qwen2ForCausalLM(cfg).float().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            scale = 0.2 if "norm" in name else 0.1 if name.endswith("bias") else 0.08
-            p.copy_((1.0 if "norm" in name else 0.0) + scale * torch.randn_like(p))
+    model = numerics.tiny_qwen2(vocab_size=128, eos_token_id=EOS)
     model.save_pretrained(d)
     vocab = {"<pad>": 0, "<eos>": EOS, **{str(i): 2 + i for i in range(10)}}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from numerics import (assert_adam_step_close, assert_tree_close, permute_mlp, reorder_floor,
-                      tree_diff, tree_norm)
+                      tiny_qwen2, tree_diff, tree_norm)
 
 from jaxrl_scale import optim
 from jaxrl_scale import sharding as shd
@@ -191,18 +191,9 @@ def test_lora_config_rejects_bad_settings():
 # ----------------------------------------------------------------------------- PEFT / HF
 
 def _hf_qwen2(tmp_path):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    hf_cfg = transformers.Qwen2Config(vocab_size=96, hidden_size=32, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2,
-                                      intermediate_size=48, max_position_embeddings=64,
-                                      tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = transformers.Qwen2ForCausalLM(hf_cfg).float().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            scale = 0.2 if "norm" in name else 0.1 if name.endswith("bias") else 0.08
-            p.copy_((1.0 if "norm" in name else 0.0) + scale * torch.randn_like(p))
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    model = tiny_qwen2()
     model.save_pretrained(tmp_path / "base")
     return model
 

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+import numerics
 
 from jaxrl_scale.data.remote_rewards import (JudgeReward, RemoteReward, fill_template,
                                              parse_last_number, parse_yes_no)
@@ -266,19 +267,11 @@ def test_bad_flags_name_the_field(tmp_path, kw, field, says):
 @pytest.fixture(scope="module")
 def seq_cls(tmp_path_factory):
     """A tiny random Qwen2ForSequenceClassification saved as safetensors (nothing downloaded)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.Qwen2Config(vocab_size=128, hidden_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2,
-                                   intermediate_size=96, max_position_embeddings=256,
-                                   num_labels=1, pad_token_id=0)
-    torch.manual_seed(0)
-    model = transformers.Qwen2ForSequenceClassification(cfg).float().eval()
-    with torch.no_grad():   # everything random (norms, biases) so a mapping error shows
-        for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.2 * torch.randn_like(p) if "norm" in name else
-                    0.1 * torch.randn_like(p) if name.endswith("bias") else
-                    0.08 * torch.randn_like(p))
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    model = numerics.tiny_qwen2("Qwen2ForSequenceClassification", vocab_size=128,
+                                hidden_size=64, intermediate_size=96,
+                                max_position_embeddings=256, num_labels=1, pad_token_id=0)
     d = tmp_path_factory.mktemp("rm")
     model.save_pretrained(d)
     return model, str(d)
