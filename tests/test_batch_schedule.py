@@ -112,13 +112,22 @@ def test_steps_ramp_changes_p_at_its_responses_with_the_sqrt_lr(ramp_run):
     assert meta["schedule"] == {"prompts": 8, "last_change": 2, "window": []}
 
 
-def test_resume_mid_ramp_is_bit_identical(tmp_path, data_dir, ramp_run):
+def test_resume_mid_ramp_is_bit_identical(tmp_path, data_dir, ramp_run, monkeypatch):
     """Stopped after step 3 (checkpoint at step 2, where the ramp had just doubled P) and
-    resumed: the same records and params as the uninterrupted run."""
+    resumed: the same records and params as the uninterrupted run. Each call builds and
+    compiles the update at both P before its first step (none inside the run's clock)."""
+    calls = []
+    for name in ("_update_parts", "compile", "train_step"):
+        def traced(self, *a, _orig=getattr(Run, name), _name=name, **k):
+            calls.append(_name)
+            return _orig(self, *a, **k)
+        monkeypatch.setattr(Run, name, traced)
     cfg = ramp_run.replace(run_dir=str(tmp_path))
     out = run_training(cfg, progress=False, stop_after_steps=3)
     assert not out["finished"]
     assert run_training(cfg, progress=False)["finished"]
+    before = ["_update_parts", "compile", "_update_parts", "compile"]
+    assert calls == before + ["train_step"] * 3 + before + ["train_step"] * 3
     assert _strip_times(_records(cfg.run_dir)) == _strip_times(_records(ramp_run.run_dir))
     _assert_same_tree(_final_states(cfg)[0], _final_states(ramp_run)[0])
 
