@@ -925,13 +925,13 @@ def hf_ckpt(tmp_path_factory):
 def _refuse_tensor_reads(monkeypatch):
     """Any tensor read fails the test: the checks must speak from config.json and the headers
     (read without safetensors) alone."""
-    from jaxrl_scale.experiment import train
+    from jaxrl_scale.experiment import states
     from jaxrl_scale.models import hf
 
     def refuse(*a, **k):
         raise AssertionError("tensor data read before every check passed")
     monkeypatch.setattr(hf, "safe_open", refuse)
-    monkeypatch.setattr(train, "load_hf", refuse)
+    monkeypatch.setattr(states, "load_hf", refuse)   # where the run's params are built
 
 
 def _leaves_equal(a, b):
