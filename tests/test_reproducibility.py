@@ -56,3 +56,14 @@ def test_sweep_marks_near_the_boundary_and_not_at_the_null():
     assert a_near < 0.7 and nf_near < 0.7, (a_near, nf_near)
     assert a_null > 0.85 and nf_null > 0.75, (a_null, nf_null)
     assert abs(nf_near - a_near) < 0.15 and abs(nf_null - a_null) < 0.15
+
+
+def test_marking_a_verdict_beyond_the_band_costs_calibration():
+    free = rep.fragile_band(20, 4, 0.1)
+    inside = rep.band_marking(2.0, 20, 4, 0.1)
+    assert (inside.lo, inside.hi, inside.max_gap) == (free.lo, free.hi, free.max_gap)
+    wider = rep.band_marking(3.28, 20, 4, 0.1)
+    assert wider.lo <= 3.28 <= wider.hi
+    assert wider.max_gap > free.max_gap + 0.03
+    with pytest.raises(ValueError, match="below the critical value"):
+        rep.band_marking(0.1, 20, 4, 0.1)

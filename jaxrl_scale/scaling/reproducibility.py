@@ -55,10 +55,11 @@ def _cdf_grid(z: np.ndarray, delta: np.ndarray, df: float | None) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=64)
-def _band(df_key: float | None, m: int, alpha: float) -> Band:
+def _band(df_key: float | None, m: int, alpha: float, must_mark: float | None = None) -> Band:
     c = float(sps.t.isf(alpha / (2 * m), df_key) if df_key else sps.norm.isf(alpha / (2 * m)))
     delta = np.linspace(0.0, THETA_MAX, 81)
-    z = np.round(np.arange(0.0, c + 3.0 + 1e-9, 0.02), 10)
+    top = max(c + 3.0, (must_mark or 0.0) + 0.02)
+    z = np.round(np.arange(0.0, top + 1e-9, 0.02), 10)
     F_pos = _cdf_grid(z, delta, df_key)           # P(T <= z)
     F_neg = _cdf_grid(-z, delta, df_key)          # P(T <= -z)
     F_c = _cdf_grid(np.array([c, -c]), delta, df_key)
@@ -67,6 +68,11 @@ def _band(df_key: float | None, m: int, alpha: float) -> Band:
     below = F_pos - F_neg                                       # P(|T| <= z): [delta, z]
     i_lo = np.flatnonzero((z >= c - 2.0) & (z <= c))
     i_hi = np.flatnonzero(z >= c)
+    if must_mark is not None:          # only bands with lo <= must_mark <= hi
+        i_lo = i_lo[z[i_lo] <= must_mark]
+        i_hi = i_hi[z[i_hi] >= must_mark]
+        if not i_lo.size:
+            raise ValueError(f"|T| = {must_mark} is more than 2 below the critical value {c:.2f}")
     # share not marked = 1 - P(z_lo <= |T| <= z_hi), for every (z_lo, z_hi) pair at once
     inside = below[:, None, i_hi] - below[:, i_lo, None]        # [delta, lo, hi]
     gap = np.abs(1.0 - inside - agree[:, None, None]).max(axis=0)
@@ -74,16 +80,26 @@ def _band(df_key: float | None, m: int, alpha: float) -> Band:
     return Band(float(z[i_lo[a]]), float(z[i_hi[b]]), c, float(gap[a, b]))
 
 
+def _df_key(df: float | None) -> float | None:
+    # df floored to a grid (heavier tails, a slightly wider band): Welch-Satterthwaite df
+    # differ per study, and each band costs a grid search
+    if df is None or not math.isfinite(df) or df >= DF_GRID[-1]:
+        return None
+    return float(DF_GRID[max(0, int(np.searchsorted(DF_GRID, float(df), side="right")) - 1)])
+
+
 def fragile_band(df: float | None, m: int, alpha: float) -> Band:
     """The 0/1 band of |T| (T the config's statistic at the first Holm step, critical value c
     = t_{1 - alpha / (2m)}(df)) whose unmarked share tracks the rerun agreement best over
     truths up to THETA_MAX standard errors. df None or inf: the normal."""
-    if df is None or not math.isfinite(df) or df >= DF_GRID[-1]:
-        return _band(None, int(m), float(alpha))
-    # df floored to a grid (heavier tails, a slightly wider band): Welch-Satterthwaite df
-    # differ per study, and each band costs a grid search
-    key = DF_GRID[max(0, int(np.searchsorted(DF_GRID, float(df), side="right")) - 1)]
-    return _band(float(key), int(m), float(alpha))
+    return _band(_df_key(df), int(m), float(alpha))
+
+
+def band_marking(t_abs: float, df: float | None, m: int, alpha: float) -> Band:
+    """The band that tracks the rerun agreement best among those that mark |T| = t_abs: what
+    marking one more verdict costs in calibration (its max_gap against fragile_band's). Bands
+    start within 2 of the critical value, so a |T| further below c cannot be marked."""
+    return _band(_df_key(df), int(m), float(alpha), round(float(abs(t_abs)), 2))
 
 
 def is_fragile(t_stat: float | None, df: float | None, m_step: int, alpha: float) -> bool | None:
@@ -191,5 +207,5 @@ def rerun_pairs(design, n_pairs: int, seed: int = 0, r_N: dict | None = None,
     return out
 
 
-__all__ = ["Band", "THETA_MAX", "fragile_band", "is_fragile", "holm_steps", "rerun_agreement_gap",
+__all__ = ["Band", "THETA_MAX", "band_marking", "fragile_band", "is_fragile", "holm_steps", "rerun_agreement_gap",
            "rerun_agreement_bound", "rerun_pairs"]

@@ -1,7 +1,9 @@
 """The fragile mark (docs/science.md, Reproducibility of a verdict) of the two recorded main
 jobs beside what decides it: each config's T/T0 statistic and the band of its Holm step,
 recomputed from summary.json (log ratio, SE, df, the Holm order of the p-values) and checked
-against the summary's own `fragile`. Run from the repository root:
+against the summary's own `fragile`; then, for each verdict that differs between the runs and is
+not marked, the band that would mark it and what that band costs in calibration (its largest
+gap to the rerun agreement, against the unconstrained band's). Run from the repository root:
 
     python results/main_job/fragile.py
 """
@@ -27,7 +29,7 @@ def marks(path: pathlib.Path) -> dict:
         band = rep.fragile_band(t["df"], steps[g], alpha)
         frag = rep.is_fragile(stat, t["df"], steps[g], alpha)
         assert frag == c.get("fragile"), (path, g, frag, c.get("fragile"))
-        out[BATCH.get(g, g)] = (c["verdict"], stat, band, frag)
+        out[BATCH.get(g, g)] = (c["verdict"], stat, band, frag, t["df"], steps[g])
     return out
 
 
@@ -38,9 +40,22 @@ def main():
     rows = {name: marks(p) for name, p in runs}
     for b in sorted(BATCH.values()):
         for name, _ in runs:
-            v, stat, band, frag = rows[name][b]
+            v, stat, band, frag, _, _ = rows[name][b]
             print(f"| {b:,} | {name} | {v} | {stat:.2f} | [{band.lo:.2f}, {band.hi:.2f}] | "
                   f"{'yes' if frag else 'no'} |")
+    alpha = 1 - json.loads(runs[0][1].read_text())["ci_level"]
+    print("\n| B | unmarked differing verdict | df | Holm step | band that marks it | its max gap "
+          "| the band's own max gap |")
+    print("|---|---|---|---|---|---|---|")
+    for b in sorted(BATCH.values()):
+        if len({rows[name][b][0] for name, _ in runs}) == 1:
+            continue
+        for name, _ in runs:
+            v, stat, band, frag, df, step = rows[name][b]
+            if not frag:
+                wide = rep.band_marking(stat, df, step, alpha)
+                print(f"| {b:,} | {name}: {v}, T {stat:.2f} | {df:.1f} | {step} | "
+                      f"[{wide.lo:.2f}, {wide.hi:.2f}] | {wide.max_gap:.3f} | {band.max_gap:.3f} |")
 
 
 if __name__ == "__main__":
