@@ -154,3 +154,24 @@ def test_external_time_enters_r_q_as_the_hand_computation():
     np.testing.assert_allclose(step_cost.r_q(theta, b, b0),
                                step_cost.r_q(theta, b, b0, external=None), rtol=0)
     assert ext.seconds([1, 32, 33]).tolist() == [2.0, 2.0, 4.0]
+
+
+def test_any_warm_start_block_plans_from_its_own_reference_runs():
+    """results/planner_validation/blocks.py's path: a block other than the first plans from its
+    own two reference runs; a block that does not exist is refused with the blocks there are."""
+    import json
+    from jaxrl_scale.scaling import analysis, plan_compare
+    from jaxrl_scale.scaling.summary import as_summary
+    d = os.path.join(ROOT, "results", "main_job")
+    with open(os.path.join(d, "summary.json")) as f:
+        summary = as_summary(json.load(f))
+    with open(os.path.join(d, "logs", "timing.json")) as f:
+        timing = json.load(f)
+    runs, _ = analysis.load_runs(os.path.join(d, "logs"), [])
+    plan, why = plan_compare.first_block_plan(runs, summary, timing, n_boot=50, block="w3")
+    assert plan is not None, why
+    w3 = sorted(n for n, x in summary.runs.items()
+                if x.block == "w3" and x.group == summary.reference_configs["grpo"])
+    assert plan["first_block"]["block"] == "w3" and plan["first_block"]["probe_runs"] == w3
+    none, why = plan_compare.first_block_plan(runs, summary, timing, n_boot=50, block="w9")
+    assert none is None and "no warm-start block w9" in why and "w0" in why

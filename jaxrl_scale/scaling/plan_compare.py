@@ -172,19 +172,23 @@ FIRST_BLOCK_PLAN = "plan_first_block.json"
 
 
 def first_block_plan(runs, summary, timing: dict | None, n_boot: int = 1000,
-                     seed: int = 0, min_blocks: int = 2) -> tuple[dict | None, str]:
+                     seed: int = 0, min_blocks: int = 2,
+                     block: str | None = None) -> tuple[dict | None, str]:
     """The plan a study could have made before its other warm-starts: `planner.batch_plan` on
-    its first warm-start block's reference runs (target: that block's J*), with the step-time
-    fit of that block's timing pass, for every batch the study ran. With ``min_blocks`` 0 and
-    runs of one warm-start (no blocks): its reference runs and its pass. (None, why) when the
-    study has fewer blocks, no timing pass of the block, or a probe the planner refuses."""
+    its first warm-start block's reference runs (or ``block``'s: w0, w1, ...; target: that
+    block's J*), with the step-time fit of that block's timing pass, for every batch the study
+    ran. With ``min_blocks`` 0 and runs of one warm-start (no blocks): its reference runs and
+    its pass. (None, why) when the study has fewer blocks, no timing pass of the block, or a
+    probe the planner refuses."""
     from jaxrl_scale.scaling import planner, step_cost
     algo = summary.primary_algo
     ref = summary.reference_configs.get(algo)
     blocks = sorted({x.block for x in summary.runs.values() if x.block})
     if not ref or len(blocks) < min_blocks:
         return None, "one warm-start: no first block to plan from"
-    block = blocks[0] if blocks else None
+    if block is not None and block not in blocks:
+        return None, f"no warm-start block {block} (blocks: {', '.join(blocks) or 'none'})"
+    block = block or (blocks[0] if blocks else None)
     names = {n for n, x in summary.runs.items() if x.block == block and x.group == ref}
     probe = [r for r in runs if r.name in names]
     warm = {os.path.basename(os.path.dirname(str(r.config.get("init_checkpoint") or "")))

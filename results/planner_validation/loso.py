@@ -5,7 +5,8 @@ and the prediction meets what the study measured. r_q comes from the study's tim
 summary's r_q and interval, drawn log-normal, widened by the spread between passes in
 different machine states): the planner's own timing pass measures the same thing, so r_q is
 not what is validated here, and T/T0 = r_N / r_q is validated through r_N. Beside it, the same with the
-unfitted link B_crit = B_simple. Run from the repository root:
+unfitted link B_crit = B_simple. Counts carry 90% Wilson intervals (over configs, which share a
+study: optimistic; over studies). Run from the repository root:
 
     python results/planner_validation/loso.py [--held_out=NAME:DIR ...]
 """
@@ -85,6 +86,12 @@ def best_set_batches(path, algo):
     return {float(s["configs"][g]["batch"]) for g in names if g in s["configs"]}
 
 
+def wilson(k: int, n: int) -> str:
+    """k/n with its 90% Wilson interval."""
+    ci = sps.binomtest(k, n).proportion_ci(confidence_level=LEVEL, method="wilson")
+    return f"{k}/{n} [{ci.low:.2f}, {ci.high:.2f}]"
+
+
 def inside(x, ci):
     return ci[0] <= x <= ci[1]
 
@@ -133,10 +140,12 @@ def main(extra):
         covN = [x for r in rs for x in r["cov_N"]]
         err = [x for r in rs for x in r["err"]]
         hits = [r["hit"] for r in rs]
-        print(f"- link {kind}: T/T0 covered {sum(covT)}/{len(covT)} "
-              f"({np.mean(covT):.2f}), r_N covered {sum(covN)}/{len(covN)} "
-              f"({np.mean(covN):.2f}); median |log(pred/meas)| of T/T0 {np.median(err):.3f}; "
-              f"recommended set holds the measured fastest in {sum(hits)}/{len(hits)} studies; "
+        studies_T = [all(r["cov_T"]) for r in rs]
+        print(f"- link {kind}: T/T0 covered {wilson(sum(covT), len(covT))} of configs, every "
+              f"config of the study in {wilson(sum(studies_T), len(studies_T))} studies; r_N "
+              f"covered {wilson(sum(covN), len(covN))}; median |log(pred/meas)| of T/T0 "
+              f"{np.median(err):.3f}; recommended set holds the measured fastest in "
+              f"{wilson(sum(hits), len(hits))} studies; "
               f"set sizes {[len(r['set']) for r in rs]}; batches ruled out "
               f"{sum(len(r['ruled_out']) for r in rs)}, of them in the study's measured "
               f"fastest set {sum(len(r['wrongly']) for r in rs)}")
