@@ -101,6 +101,26 @@ def test_fit_step_times_recovers_known_costs():
         assert exact[c + "_ci"] == pytest.approx([TRUTH[c]] * 2, rel=1e-9)
 
 
+def test_reward_time_is_measured_as_part_of_generation():
+    """A pass that records reward_s: its line is fitted like t_gen's (here 0.2 + 0.001 B_gen s,
+    exact on noise-free steps, at k = 1 and 2) and changes no other coefficient; a pass without
+    reward_s (older timing.json) has no reward line."""
+    rng = np.random.default_rng(0)
+    timings = _synthetic([64, 128, 512], 1, 3, rng, noise=0.0) + \
+        _synthetic([64, 256], 2, 4, rng, noise=0.0)
+    plain = fit_step_times(timings, n_boot=20)
+    for t in timings:
+        k = t["batch_gen"] / t["batch"]
+        t["reward_s"] = [(0.2 + 0.001 * t["batch_gen"]) / k] * len(t["gen_s"])
+    fit = fit_step_times(timings, n_boot=20)
+    assert fit["reward_d0"] == pytest.approx(0.2, rel=1e-9)
+    assert fit["reward_d1"] == pytest.approx(0.001, rel=1e-9)
+    assert all(fit[c] == plain[c] for c in FIT_COLUMNS)
+    assert "reward_d0" not in plain
+    timings[0]["reward_s"][0] = float("nan")      # one step without it: no line, no guess
+    assert "reward_d0" not in fit_step_times(timings, n_boot=20)
+
+
 def test_fit_step_times_needs_two_batches():
     with pytest.raises(ValueError, match="2 distinct"):
         fit_step_times([{"batch": 8, "batch_gen": 8, "gen_s": [1.0, 1.1], "train_s": [1, 1]}])

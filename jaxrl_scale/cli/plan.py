@@ -319,6 +319,12 @@ def _print(result: dict) -> None:
     print(f"step-time fit ({th['source']}; {th.get('timings_source', '')}): t_gen = "
           f"{th['d0']:.4g} + {th['d1']:.4g} B_gen s, t_train = {th['overhead']:.4g} + "
           f"{th['gamma']:.4g} B s")
+    if th.get("reward_d1") is not None:
+        b0 = result["reference_batch"]
+        t_r = th["reward_d0"] + th["reward_d1"] * b0
+        print(f"  of t_gen, the reward function (measured reward_s): {th['reward_d0']:.4g} + "
+              f"{th['reward_d1']:.4g} B_gen s, {t_r / (th['d0'] + th['d1'] * b0):.0%} of the "
+              f"rollout at B0")
     if th.get("check"):
         print("  fitted vs timed seconds per update: " + ", ".join(
             f"B={c['batch']:g} {c['rel_err']:+.1%}" for c in th["check"]))

@@ -106,7 +106,7 @@ def fit_step_times(timings: Sequence[dict], n_boot: int = 1000, seed: int = 0) -
     bd0, bd1 = _lines_BN(xg[idx], yg[idx])
     bov, bga = _lines_BN(xt[idx], yt[idx])
     boot = np.stack([bd0, bd1, bga, bov], axis=1)
-    out = {"d0": d0, "d1": d1, "gamma": gamma, "overhead": overhead}
+    out = {"d0": d0, "d1": d1, "gamma": gamma, "overhead": overhead, **_reward_line(timings)}
     for j, name in enumerate(COLUMNS):
         out[name + "_ci"] = quantile_ci(boot[:, j], CI_LEVEL)
     out.update(boot=boot, n_steps=int(xg.size), ci_level=CI_LEVEL,
@@ -114,6 +114,25 @@ def fit_step_times(timings: Sequence[dict], n_boot: int = 1000, seed: int = 0) -
                batch_gens=sorted({int(t.get("batch_gen", t["batch"])) for t in timings}),
                source="jaxrl_scale.scaling.step_cost.fit_step_times", timings=list(timings))
     return out
+
+
+def _reward_line(timings: Sequence[dict]) -> dict:
+    """The reward function's share of t_gen, measured: t_reward(B_gen) = reward_d0 + reward_d1
+    B_gen fitted like t_gen to every timed step's `reward_s` (already inside gen_s, so it
+    changes no prediction; it says how much of the rollout a slow reward is). {} when a pass
+    did not record reward_s (passes made before it was recorded) or timed < 2 batches."""
+    x, y = [], []
+    for t in timings:
+        r = np.asarray(t.get("reward_s") or [], float)
+        if r.size != len(t["gen_s"]) or not np.all(np.isfinite(r)):
+            return {}
+        x.append(np.full(r.size, float(t.get("batch_gen", t["batch"]))))
+        y.append(_gen_ratio(t) * r)
+    x, y = np.concatenate(x), np.concatenate(y)
+    if np.unique(x).size < 2:
+        return {}
+    r0, r1 = fit_linear_time(x, y)
+    return {"reward_d0": r0, "reward_d1": r1}
 
 
 def predict_r_q(fit: dict, batches: Sequence[float], batch0: float,
