@@ -14,6 +14,7 @@ import pytest
 
 from jaxrl_scale.scaling import calibration as cal
 from jaxrl_scale.scaling import familywise as fw
+from jaxrl_scale.scaling.summary import RunStats
 
 N = 300
 BIG = "grpo_P128_G8_sqrt"
@@ -311,11 +312,11 @@ def test_runs_that_miss_the_target_count_at_their_budget():
                 n = 6000 * math.exp(mu + inter[c, k // K] + 0.11 * rng.standard_normal())
                 cap = {"slow": 12000.0, "b": 6000.0}.get(g, math.inf)
                 ok = n <= cap
-                per_run[f"{g}_{k}"] = {"N_star": n if ok else None, "q": 1000.0,
-                                       "seed": k, "block": f"w{k // K}", "reached": ok,
-                                       "censored_at": None if ok else cap}
+                per_run[f"{g}_{k}"] = RunStats(N_star=n if ok else None, q=1000.0, seed=k,
+                                               block=f"w{k // K}", reached=ok,
+                                               censored_at=None if ok else cap)
                 runs.append(f"{g}_{k}")
-            reached = all(per_run[r]["reached"] for r in runs)
+            reached = all(per_run[r].reached for r in runs)
             configs[g] = {"algo": "grpo", "runs": runs, "reached": reached,
                           "is_reference": g == "ref", "T": 6.0 if reached else None}
         out = fw.sweep_tests(configs, per_run, {}, {"grpo": "ref"}, 0.9)

@@ -9,6 +9,7 @@ import numpy as np
 
 from jaxrl_scale.scaling import calibration as cal
 from jaxrl_scale.scaling import drift, familywise
+from jaxrl_scale.scaling.summary import RunStats
 
 BIG = "grpo_P128_G8_sqrt"
 D11 = dataclasses.replace(cal.ONE_WARM_START_12, seed_sd=0.11)   # the measured seed spread at 0.75
@@ -111,7 +112,7 @@ def _two_configs(per_run_T, units):
     configs = {g: {"algo": "grpo", "runs": [f"{g}_s{k}" for k in range(6)], "reached": True,
                    "is_reference": g == "A", "T": float(np.mean(t))}
                for g, t in per_run_T.items()}
-    per_run = {f"{g}_s{k}": {"N_star": 1000.0 * (1 + 0.01 * k), "q": 1000.0 / t[k], "seed": k}
+    per_run = {f"{g}_s{k}": RunStats(N_star=1000.0 * (1 + 0.01 * k), q=1000.0 / t[k], seed=k)
                for g, t in per_run_T.items() for k in range(6)}
     offsets = {g: drift.PassRatio(np.asarray(u, float), "block") for g, u in units.items()}
     return configs, per_run, offsets

@@ -9,6 +9,7 @@ jaxrl_scale/scaling/planner.py has the math and the range rule).
     python experiments/plan.py --probe_run=RUN --step_times_from=SWEEP_DIR  # sweep's records
     python experiments/plan.py --probe_run=RUN --chip=H100 --model=qwen2_0.5b --prompt_len=256
     python experiments/plan.py ... --compare=SWEEP/summary.json   # predictions vs measured
+    python experiments/plan.py ... --target=0.27 --schedule_steps=0:128,8192:256  # a schedule
 
 Exactly one throughput source (--chip: jaxrl_scale.scaling.roofline.roofline_fit at the
 candidates and B0, no throughput interval). --probe_run takes several run dirs (seeds of one
@@ -76,6 +77,12 @@ flags.DEFINE_string("json_out", None, "Planner JSON path (default OUT_DIR/plan.j
                     "other files go beside it.")
 flags.DEFINE_string("compare", None, "summary.json of a sweep (experiments/analyze.py): "
                     "predictions beside its measured r_N, r_q, T/T0.")
+flags.DEFINE_string("schedule_steps", None, "A batch trajectory RESPONSES:B,RESPONSES:B,... "
+                    "(B responses per update from that many cumulative responses on, the first "
+                    "at 0; --batch_ramp's syntax in B, not P): also predict its T/T0 against "
+                    "B0, integrating r_N(B) and r_q(B) along it with the same draws "
+                    "(scaling/schedule_plan.py; plan.json \"schedule\"). Needs --target or "
+                    "--n_star.")
 flags.DEFINE_string("reward_fn", "", "Timing pass: the reward function (module:function) the "
                     "timed runs call. A probe's config.json never chooses code that runs: if "
                     "it names a reward_fn, pass the same name here to confirm it.")
@@ -117,6 +124,25 @@ def _throughput_source() -> str:
     return given[0]
 
 
+def _schedule_segments():
+    """--schedule_steps as trajectory segments (None when not given); ConfigError for bad
+    syntax, or without the reference's N* (--target / --n_star) its segments are measured
+    against."""
+    from jaxrl_scale.experiment.config import ConfigError
+    from jaxrl_scale.scaling.schedule_plan import parse_segments
+    if not FLAGS.schedule_steps:
+        return None
+    try:
+        segs = parse_segments(FLAGS.schedule_steps)
+    except ValueError as e:
+        raise ConfigError("schedule_steps", str(e), "pass e.g. --schedule_steps=0:128,8192:256 "
+                          "(responses:batch, starting at 0)") from None
+    if FLAGS.target is None and FLAGS.n_star is None:
+        raise ConfigError("schedule_steps", "its segments start at absolute responses, so its "
+                          "T/T0 needs the reference's N*", "pass --target (or --n_star)")
+    return segs
+
+
 def check_flags() -> None:
     """ConfigError (one line, exit 2) for every flag the planner cannot use, before any run is
     read, timed or written: ranges through the shared checker (config.check_ranges: finite,
@@ -156,6 +182,7 @@ def check_flags() -> None:
             raise ConfigError("probe_run", f"{p!r} has no metrics.jsonl", "pass a run "
                               "directory written by jaxrl-train (config.json + metrics.jsonl)")
     _numbers("batches", FLAGS.batches)
+    _schedule_segments()
     _throughput_source()
     if FLAGS.timings_json and not os.path.isfile(FLAGS.timings_json):
         raise ConfigError("timings_json", f"{FLAGS.timings_json!r} is not a file",
@@ -331,6 +358,12 @@ def _print(result: dict) -> None:
     rec = result["recommended"]
     print(f"recommended B = {rec['batch']:g}, range [{rec['range'][0]:g}, {rec['range'][1]:g}]")
     print(plan_compare.separation_text(rec))
+    sc = result.get("schedule")
+    if sc:
+        print(f"schedule {FLAGS.schedule_steps}: predicted T/T0 = "
+              f"{_ci(sc['T_over_T0'], sc['T_over_T0_ci'])}, N* = "
+              f"{_ci(sc['N_star'], sc['N_star_ci'])} responses (B0's N* "
+              f"{sc['n_star_reference']:g})")
     cs = result.get("critic_schedule")
     if cs:
         print(f"critic (its own noise scale): recommended batch per update {cs['critic_batch']:g}"
@@ -375,6 +408,18 @@ def _plan() -> None:
             external=step_cost.ExternalTime(FLAGS.external_s, FLAGS.external_batch,
                                             FLAGS.external_concurrency)
             if FLAGS.external_s > 0 else None)
+        segs = _schedule_segments()
+        if segs is not None:
+            from jaxrl_scale.scaling.schedule_plan import schedule_plan
+            result["schedule"] = schedule_plan(
+                runs, fit, segs, who=FLAGS.noise_of, n_star=FLAGS.n_star, target=FLAGS.target,
+                half_width=FLAGS.window, gen_batch_ratio=FLAGS.gen_batch_ratio,
+                n_boot=FLAGS.n_boot, block=FLAGS.block or None, n_windows=FLAGS.n_windows,
+                level=FLAGS.ci_level, seed=FLAGS.seed,
+                link=None if FLAGS.b_crit_link == "fitted" else IDENTITY,
+                external=step_cost.ExternalTime(FLAGS.external_s, FLAGS.external_batch,
+                                                FLAGS.external_concurrency)
+                if FLAGS.external_s > 0 else None)
         summary = None
         if FLAGS.compare:
             try:

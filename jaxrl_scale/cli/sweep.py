@@ -30,6 +30,10 @@ B_train; runs named ..._k2_s<seed>) and adds the partial-vs-synchronous comparis
 --updates_per_rollout=1,2,4 runs every config also with u optimizer updates per rollout batch
 (u minibatches of whole groups; runs named ..._u2_s<seed>): the same responses, more updates.
 
+--batch_schedule=noise (or steps with --batch_ramp=RESPONSES:P,...) adds, per algorithm, a
+config whose batch grows during the run, starting at the reference P and G (runs named
+..._sched-noise_s<seed>); the analysis times it along its recorded batch trajectory.
+
 --executor=ray runs each run as a Ray task (--ray_address: an existing cluster, else a local
 one; --ray_cpus_per_run); --list_runs prints the runs by index and --run_index=I runs one of
 them alone (a job array), after which jaxrl-analyze --sweep_dir=DIR writes the report.
@@ -108,6 +112,13 @@ SWEEP_HELP = {
     "spending": "sequential: error spending, obf (O'Brien-Fleming type) or pocock",
     "futility": "sequential: stop a config whose interval cannot reach this T/T0 (0.9: 10% "
                 "faster); 0: never",
+    "batch_schedule": "none, noise, steps or noise,steps: each algorithm also runs a scheduled "
+                      "config per kind "
+                      "(batch grows during the run, experiment/schedule.py) from its "
+                      "reference P and G, beside the fixed batches (name tag _sched-<kind>); "
+                      "noise grows up to --batch_cap (0: the largest grid batch)",
+    "batch_ramp": "steps: RESPONSES:P,RESPONSES:P,... the scheduled config's prompts per step "
+                  "from that many cumulative responses on",
     "compile_cache": "JAX persistent compilation cache",
     "executor": "local (one run after another in this process) or ray (one Ray task per run)",
     "ray_address": "Ray cluster to join (ray.init(address=...); empty: start a local one)",
@@ -115,7 +126,7 @@ SWEEP_HELP = {
 # Fields the study sets per run; every other TrainConfig field is a flag for the base config.
 _PER_RUN = ("run_dir", "algo", "prompts_per_step", "group_size", "lr_rule", "seed", "target",
             "target_margin", "max_responses", "base_batch", "gen_batch_ratio",
-            "updates_per_rollout")
+            "updates_per_rollout", "batch_schedule", "batch_ramp")
 # The study's base run: 1500 held-out prompts, scored exactly (the mean probability of a
 # rewarded sample, rl/exact_eval.py: no sampling noise, about a tenth of the time of 16 samples
 # per prompt; tasks without an exact-match reward fall back to 16 samples, within-prompt SE

@@ -159,6 +159,28 @@ def check_reward(cfg: TrainConfig) -> None:
                    "from the working directory or PYTHONPATH") from None
 
 
+def check_env(cfg: TrainConfig) -> None:
+    """--env names an importable factory, and runs on the synchronous rollout only (the slot
+    engine, DAPO refill rounds and the exact eval score single responses)."""
+    if not cfg.env:
+        return
+    from jaxrl_scale.rl.multiturn import load_env_factory
+    try:
+        load_env_factory(cfg.env)
+    except ValueError as e:
+        raise _err("env", str(e), "pass --env=package.module:factory, importable from the "
+                   "working directory or PYTHONPATH") from None
+    if cfg.use_engine:
+        raise _err("env", "multi-turn episodes run on the synchronous rollout only, and this "
+                   "run asks for the slot engine (--rollout, --gen_batch_ratio, --max_staleness)",
+                   "use --rollout=generate --gen_batch_ratio=1, or drop --env")
+    for field, on, fix in (("refill", cfg.refill, "drop --refill"),
+                           ("eval_mode", cfg.eval_mode == "exact", "use --eval_mode=sampled")):
+        if on:
+            raise _err(field, "does not work with --env (it scores single responses)",
+                       f"{fix}, or drop --env")
+
+
 def check_eval_mode(cfg: TrainConfig) -> None:
     """The exact eval reads P(answer) off the sampler's distribution: it needs a temperature,
     no truncation of that distribution, and an exact-match reward (rl/exact_eval.py)."""

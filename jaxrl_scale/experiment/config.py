@@ -13,7 +13,7 @@ from jaxrl_scale.experiment.checks import (check_eval_mode, check_lora, check_lo
                                            check_mesh, check_pass_k, check_paths, check_packing,
                                            check_refill, check_reward, check_task, check_updates,
                                            check_wandb)
-from jaxrl_scale.experiment.checks import check_chat_template
+from jaxrl_scale.experiment.checks import check_chat_template, check_env
 from jaxrl_scale.experiment.errors import ConfigError  # noqa: F401  (re-exported)
 from jaxrl_scale.experiment.schedule import check_schedule
 from jaxrl_scale.optim import ADAM_RULES
@@ -101,6 +101,14 @@ class TrainConfig:
     reward_concurrency: int = 4
     reward_retries: int = 2
     reward_batch_size: int = 0
+    # Multi-turn episodes (rl/multiturn.py): "package.module:factory", factory(example) ->
+    # an object with reset() -> str and step(text) -> (observation, reward, done); at most
+    # env_max_turns assistant turns, env_max_obs_tokens per observation, env_timeout_s of
+    # environment time per episode. The episode's reward is the sum of its step rewards.
+    env: str = ""
+    env_max_turns: int = 4
+    env_max_obs_tokens: int = 256
+    env_timeout_s: float = 60.0
     # --- model
     model: str = "rl_cpu"              # preset name, used when no checkpoint is given
     hf_checkpoint: str = ""            # HF directory (config.json + safetensors)
@@ -372,7 +380,7 @@ RANGES: dict[str, tuple[float, float, bool]] = {
         "micro_batches", "max_steps", "eval_every", "eval_prompts", "eval_samples",
         "generate_chunk", "checkpoint_every", "base_batch", "critic_minibatches",
         "critic_epochs", "mesh_expert", "updates_per_rollout", "update_epochs",
-        "reward_concurrency")},
+        "reward_concurrency", "env_max_turns", "env_max_obs_tokens")},
     "lora_rank": (0, _INF, False), "lora_alpha": (0, _INF, True),
     **{k: (0, _INF, False) for k in (
         "max_responses", "num_train_examples", "num_test_examples", "max_prompt_len", "seed",
@@ -380,7 +388,8 @@ RANGES: dict[str, tuple[float, float, bool]] = {
         "entropy_coef", "router_aux_coef", "target_margin", "target_evals", "temperature", "dual_clip",
         "reward_timeout_s", "refill_cap", "refill_prompts", "token_budget", "overlong_buffer",
         "overlong_penalty", "reward_retries", "reward_batch_size")},
-    **{k: (0, _INF, True) for k in ("base_lr", "critic_base_lr", "eps", "cispo_eps_high")},
+    **{k: (0, _INF, True) for k in ("base_lr", "critic_base_lr", "eps", "cispo_eps_high",
+                                    "env_timeout_s")},
     **{k: (0, 1, False) for k in ("clip_low", "gamma", "lam", "target")},
     **{k: (0, 1, True) for k in ("top_p",)},
     "b1": (0, 0.999999, False), "b2": (0, 0.999999, False), "max_staleness": (-1, _INF, False),
@@ -488,6 +497,7 @@ def validate(cfg: TrainConfig, *, data_parallel: int | None = None,
     check_chat_template(cfg.chat_template, cfg.tokenizer)
     check_task(cfg)
     check_reward(cfg)
+    check_env(cfg)
     check_eval_mode(cfg)
     check_pass_k(cfg)
     check_loss_recipe(cfg)

@@ -93,6 +93,13 @@ class SweepConfig:
     looks: tuple[int, ...] = ()
     spending: str = "obf"
     futility: float = 0.9
+    # "noise", "steps" or both ("noise,steps"; experiment/schedule.py): each algorithm also
+    # runs a scheduled config per kind beside the fixed batches, from its reference P and G
+    # (the same warm-starts and seeds; name tag _sched-<kind>); "steps" follows batch_ramp
+    # ("RESPONSES:P,..."), "noise" grows up to the base config's batch_cap (0: the
+    # algorithm's largest grid batch).
+    batch_schedule: str = "none"
+    batch_ramp: str = ""
     compile_cache: bool = True         # JAX persistent compilation cache (shared shapes)
     executor: str = "local"            # "local": one run after another; "ray": a task per run
     ray_address: str = ""              # existing Ray cluster (ray.init(address=...)); "": local
@@ -164,12 +171,16 @@ def study_config(name: str, **overrides) -> SweepConfig:
     return SweepConfig(**{**STUDIES[name], **overrides})
 
 
-def run_name(algo: str, P: int, G: int, rule: str, seed: int, k: int = 1, u: int = 1) -> str:
-    """The tags ``_u<u>`` (updates_per_rollout) and ``_k<k>`` only for u, k != 1: runs with
+def run_name(algo: str, P: int, G: int, rule: str, seed: int, k: int = 1, u: int = 1,
+             schedule: str = "none") -> str:
+    """The tags ``_sched-<kind>`` (a batch schedule starting at P), ``_u<u>``
+    (updates_per_rollout) and ``_k<k>`` only for a schedule and u, k != 1: runs with
     one update per rollout, synchronous, keep the names they always had, so a study that adds
     either axis resumes from its old results. ``_u`` comes first: stripping ``_k``
-    (scaling.io.strip_ratio) names the synchronous twin with the same updates."""
-    tag = (f"_u{u}" if u != 1 else "") + (f"_k{k}" if k != 1 else "")
+    (scaling.io.strip_ratio) names the synchronous twin with the same updates. The names
+    scaling.configs.format_config_name writes and parse_config_name reads."""
+    tag = (f"_sched-{schedule}" if schedule != "none" else "") + (
+        f"_u{u}" if u != 1 else "") + (f"_k{k}" if k != 1 else "")
     return f"{algo}_P{P}_G{G}_{rule}{tag}_s{seed}"
 
 
@@ -188,7 +199,8 @@ def is_reference_run(sweep: SweepConfig, c: TrainConfig) -> bool:
     synchronous rollout, one update per rollout and the base group size (PPO: 1)."""
     G0 = 1 if c.algo == "ppo" else (sweep.base_group or min(sweep.group_sizes))
     return (c.batch_train == reference_batch(sweep, c.algo) and c.optim.lr_rule == "sqrt"
-            and c.gen_batch_ratio == 1 and c.updates_per_rollout == 1 and c.group_size == G0)
+            and c.gen_batch_ratio == 1 and c.updates_per_rollout == 1 and c.group_size == G0
+            and c.batch_schedule == "none")
 
 
 def block_seed(sweep: SweepConfig, seed: int, w: int) -> int:
@@ -222,6 +234,32 @@ def _points(sweep: SweepConfig) -> list[tuple[str, int, int, str]]:
     return uniq
 
 
+def _scheduled_points(sweep: SweepConfig) -> list[tuple[str, int, int, str, str]]:
+    """(algo, P, G, rule, schedule) of the scheduled configs: one per algorithm and lr rule
+    of the grid, starting at the reference's P and G; [] without a schedule."""
+    G0 = sweep.base_group or min(sweep.group_sizes)
+    return [(algo, reference_batch(sweep, algo) // G, G, rule, kind)
+            for kind in schedule_kinds(sweep)
+            for algo in sweep.algos for G in ((1,) if algo == "ppo" else (G0,))
+            for rule in sweep.lr_rules]
+
+
+def schedule_kinds(sweep: SweepConfig) -> tuple[str, ...]:
+    """The study's schedule kinds, in the order given ("none": ())."""
+    return tuple(k for k in (x.strip() for x in sweep.batch_schedule.split(",")) if k != "none")
+
+
+def _schedule_fields(sweep: SweepConfig, base: TrainConfig, algo: str, schedule: str
+                     ) -> dict[str, Any]:
+    """The TrainConfig fields of a run with `schedule` ("none": a fixed batch)."""
+    if schedule == "none":
+        return {"batch_schedule": "none", "batch_ramp": ""}
+    grid = [P * G for a, P, G, _ in _points(sweep) if a == algo]
+    return {"batch_schedule": schedule,
+            "batch_ramp": sweep.batch_ramp if schedule == "steps" else "",
+            "batch_cap": base.batch_cap or max(grid)}
+
+
 def reference_batch(sweep: SweepConfig, algo: str) -> int:
     if algo == "ppo":   # PPO's own grid: its smallest P (G = 1)
         return min(sweep.ppo_prompts or sweep.prompts)
@@ -251,19 +289,23 @@ def plan(sweep: SweepConfig, base: TrainConfig, base_lrs: dict[str, float] | Non
     {algo: lr} replaces base.optim.base_lr (the tuned lr); ``batch_lrs`` {(algo, B): lr}, the
     lr tuned at B itself, is the base lr of the "tuned" configs."""
     runs, seen = [], set()
-    for k, u, (w, wbase), (algo, P, G, rule) in itertools.product(
+    points = [(*p, "none") for p in _points(sweep)] + _scheduled_points(sweep)
+    for k, u, (w, wbase), (algo, P, G, rule, sched) in itertools.product(
             sweep.gen_batch_ratios, sweep.updates_per_rollout,
-            enumerate(warm_start_bases(sweep, base)), _points(sweep)):
+            enumerate(warm_start_bases(sweep, base)), points):
+        if sched != "none" and k != 1:
+            continue   # a schedule runs the synchronous padded update (schedule.py)
         B0 = reference_batch(sweep, algo)
         B = P * G
-        eff_rule = "sqrt" if (B == B0 and rule in ("fixed", "linear", "tuned")) else rule
+        eff_rule = "sqrt" if (B == B0 and rule in ("fixed", "linear", "tuned")
+                              and sched == "none") else rule
         lr = (batch_lrs or {}).get((algo, B)) if eff_rule == "tuned" else None
         base_lr = (base_lrs or {}).get(algo, base.optim.base_lr)
         if lr is not None and any(math.isclose(lr, scaled_lr(base_lr, B, B0, r), rel_tol=1e-9)
                                   for r in sweep.lr_rules):
             continue   # the lr tuned at B is a grid rule's lr there: that config is this one
         for seed in (block_seed(sweep, s, w) for s in sweep.seeds):
-            name = run_name(algo, P, G, eff_rule, seed, k, u)
+            name = run_name(algo, P, G, eff_rule, seed, k, u, sched)
             if name in seen:
                 continue
             seen.add(name)
@@ -275,7 +317,7 @@ def plan(sweep: SweepConfig, base: TrainConfig, base_lrs: dict[str, float] | Non
                 max_responses=sweep.max_responses, max_steps=10 ** 9,
                 eval_every=max(1, sweep.eval_every_responses // B),
                 checkpoint_every=max(1, sweep.max_responses // 2 // B),   # half-way and end
-                target=0.0, target_margin=0.0))
+                target=0.0, target_margin=0.0, **_schedule_fields(sweep, base, algo, sched)))
     return runs
 
 
@@ -411,6 +453,16 @@ def check_sweep_fields(sweep: SweepConfig) -> None:
              f"a timing pass per warm-start (design {sweep.design}, {n_blocks(sweep)} "
              f"warm-start(s), timing_steps {sweep.timing_steps})",
              "e.g. --warm_starts=6 --timing_steps=8, or drop --plan_first")
+    from jaxrl_scale.experiment.schedule import SCHEDULES
+    kinds = [x.strip() for x in sweep.batch_schedule.split(",")]
+    need("batch_schedule", set(kinds) <= set(SCHEDULES) and len(set(kinds)) == len(kinds)
+         and (kinds == ["none"] or "none" not in kinds), f"{sweep.batch_schedule!r} is not "
+         f"one of {SCHEDULES} or a list of distinct kinds other than none",
+         "e.g. --batch_schedule=noise or noise,steps (none: fixed batches only)")
+    need("batch_ramp", ("steps" in kinds) == bool(sweep.batch_ramp),
+         "--batch_schedule=steps needs a ramp" if "steps" in kinds else
+         f"is set but --batch_schedule={sweep.batch_schedule}",
+         "pass e.g. --batch_schedule=steps --batch_ramp=0:16,8192:32")
     need("target_fraction", 0 < sweep.target_fraction < 1,
          f"must lie strictly between 0 and 1, got {sweep.target_fraction}",
          "e.g. --target_fraction=0.75 (the auto target's share of the way from the start to "

@@ -222,15 +222,15 @@ def block_targets(sweep: SweepConfig, refs: list[TrainConfig]) -> dict[str, floa
     number, else the analysis' auto target (`scaling.analysis.auto_target`) of these finished
     reference runs; an algo without finished reference runs has none (its runs then go to
     the full budget)."""
-    from jaxrl_scale.scaling import analysis, io as sio
+    from jaxrl_scale.scaling import analysis, io as sio, run_stats
     target = analysis.parse_target(sweep.target)
     out = {}
     for algo in sorted({c.algo for c in refs}):
         if isinstance(target, float):
             out[algo] = target
             continue
-        probe = [analysis.run_stats(sio.read_run(c.run_dir), float("inf"), 1,
-                                    np.random.default_rng(0), 0.9)[0]
+        probe = [run_stats.run_stats(sio.read_run(c.run_dir), float("inf"), 1,
+                                     np.random.default_rng(0), 0.9)
                  for c in refs if c.algo == algo]
         out[algo] = analysis.auto_target(probe, sweep.target_fraction)[0]
     return out
@@ -480,7 +480,8 @@ def _plan_first(sweep: SweepConfig) -> set[str] | None:
               flush=True)
         return None
     keep_b = set(plan["recommended"]["batches"])
-    keep = {r.group for r in runs if r.batch in keep_b}
+    # a scheduled config (no one batch, scaling.io.scheduled) is no candidate of the plan
+    keep = {r.group for r in runs if r.batch in keep_b or r.batch_source == "schedule"}
     dropped = sorted({r.group for r in runs} - keep)
     plan["plan_first"] = {"kept": sorted(keep), "dropped": dropped}
     write_json(os.path.join(sweep.sweep_dir, PLAN_FIRST_FILE), plan, indent=1)

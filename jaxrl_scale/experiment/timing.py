@@ -39,6 +39,7 @@ from jaxrl_scale.experiment.common import write_json
 from jaxrl_scale.experiment.config import TrainConfig
 from jaxrl_scale.experiment.errors import one_line
 from jaxrl_scale.experiment.rundir import write_error
+from jaxrl_scale.experiment.schedule import reachable_prompts
 from jaxrl_scale.experiment.study import SweepConfig, reference_batch
 from jaxrl_scale.experiment.train import Run
 
@@ -46,8 +47,9 @@ from jaxrl_scale.experiment.train import Run
 #   gen_s    rollout: generation (or the engine's next batch) + rewards
 #   train_s  batch packing + (reference scores) + update, transfers included
 #   decode_s the jitted decode alone (part of gen_s); update_s the update alone (part of train_s)
+#   reward_s the reward function's wall time (part of gen_s)
 #   response_len  mean response tokens of the step (what the rollout's length depends on)
-STEP_FIELDS = ("gen_s", "train_s", "decode_s", "update_s", "response_len")
+STEP_FIELDS = ("gen_s", "train_s", "decode_s", "update_s", "reward_s", "response_len")
 
 
 def timing_config(base: TrainConfig, batch: int, run_dir: str) -> TrainConfig:
@@ -63,7 +65,8 @@ def timing_config(base: TrainConfig, batch: int, run_dir: str) -> TrainConfig:
         raise ValueError(f"time_batches: batch {batch} is not a positive multiple of "
                          f"group_size={G} (B = P * G responses per update)")
     return base.replace(prompts_per_step=batch // G, run_dir=run_dir, filter_zero_variance=False,
-                        refill=False, refill_cap=0, tensorboard=False, wandb_project="")
+                        refill=False, refill_cap=0, tensorboard=False, wandb_project="",
+                        batch_schedule="none", batch_ramp="")   # one fixed batch per entry
 
 
 def _entry(cfg: TrainConfig, compile_s: float) -> dict:
@@ -208,7 +211,10 @@ def timing_pass(sweep: SweepConfig, runs: list[TrainConfig], progress: bool = Tr
             continue
         G = 1 if algo == "ppo" else (sweep.base_group or min(sweep.group_sizes))
         ref = min(cfgs, key=lambda c: (c.group_size != G, c.batch_train))
-        batches = sorted({c.batch_train for c in cfgs if c.batch_train % G == 0})
+        # every batch a scheduled run may visit too: the analysis times it along its
+        # trajectory from these entries (scaling/schedule_plan.py)
+        batches = sorted({p * c.group_size for c in cfgs for p in reachable_prompts(c)
+                          if p * c.group_size % G == 0})
         out = time_blocks(ref.replace(group_size=G), batches, reference_batch(sweep, algo),
                           warmup=2, steps=sweep.timing_steps, min_blocks=sweep.timing_blocks,
                           max_blocks=sweep.timing_max_blocks,

@@ -57,11 +57,11 @@ from jaxrl_scale.models import lora
 from jaxrl_scale.rl import exact_eval
 from jaxrl_scale.rl.batch import RolloutBatch, check_shared_prompts, rollout_batch
 from jaxrl_scale.rl.config import StepOptions
+from jaxrl_scale.rl.multiturn import env_for_run, mask_observations, score_episodes
 from jaxrl_scale.rl.packed import PackedGRPO
 from jaxrl_scale.rl.partial import PartialRollout
 from jaxrl_scale.rl.refill import Refill, refill_rollout
-from jaxrl_scale.rl.rollout import (LoopState, Rollout, SamplingSettings, generate_rollout,
-                                    score_rollout)
+from jaxrl_scale.rl.rollout import LoopState, Rollout, SamplingSettings, generate_rollout
 from jaxrl_scale.rl.state import state_shardings
 from jaxrl_scale.rl.steps import grpo_step, make_train_step, ppo_step, score_tokens
 from jaxrl_scale.rl.value import init_critic_from_actor
@@ -99,6 +99,7 @@ class Run:
         self.stream = PromptStream(self.train_src, 1 if cfg.use_engine else cfg.prompts_per_step,
                                    cfg.seed)
         self.reward_fn = reward_for_run(cfg, self.tok)   # task, function, server, judge, model
+        self.env = env_for_run(cfg, self.tok, self.prompt_len)      # --env: multi-turn episodes
         params = start_params(cfg, self.model_cfg, self.mesh)
         self.eval_rows = [self.test_src[i] for i in range(min(cfg.eval_prompts,
                                                               len(self.test_src)))]
@@ -106,9 +107,10 @@ class Run:
         self.lora = cfg.lora
         if self.lora is not None:   # the model's own checks (an MoE model has no dense MLP)
             check_lora(cfg, self.model_cfg)
-        # GRPO's G responses share their prompt: the update runs it once per group.
+        # GRPO's G responses share their prompt: the update runs it once per group (not
+        # with --env, whose episodes' first messages are the environment's).
         self.shared_prompt_len = self.prompt_len if (
-            cfg.algo == "grpo" and cfg.share_prompt and cfg.group_size > 1) else 0
+            cfg.algo == "grpo" and cfg.share_prompt and cfg.group_size > 1 and not cfg.env) else 0
         options = self._options(cfg)
         # The initial train state(s): the loop's first LoopState (`initial_state`) and the
         # template of shapes and shardings for compiling and restoring; the update donates
@@ -267,7 +269,7 @@ class Run:
         else:
             sizes = {cfg.prompts_per_step, cfg.refill_round if cfg.refill else 0} - {0}
             for n in sorted(sizes):   # the step's rollout, and a refill round's when it differs
-                warm = [{"prompt": self.train_src[0]["prompt"]}] * n
+                warm = [self.train_src[0]] * n   # a real row: an --env factory reads it
                 self.sample(params, warm, cfg.group_size, 0, cfg.sampling.temperature)
         if self.score_ref is not None:
             dummy = jax.device_put(self._dummy_batch(), shd.batch_sharding(self.mesh))
@@ -278,14 +280,18 @@ class Run:
 
     def sample(self, params, examples, group: int, seed, temperature: float) -> Rollout:
         """`generate` over examples x group samples at `temperature`
-        (rl/rollout.generate_rollout)."""
+        (rl/rollout.generate_rollout), or --env's episodes (rl/multiturn.py)."""
+        if self.env is not None:
+            return self.env.rollout(self.model_cfg, params, examples, group, self.tok,
+                                    self.sampling.with_temperature(temperature), seed=seed,
+                                    mesh=self.mesh)
         return generate_rollout(self.model_cfg, params, examples, group, self.tok.encode_prompt,
                                 self.sampling.with_temperature(temperature), seed=seed,
                                 mesh=self.mesh)
 
     def rewards(self, r: Rollout) -> tuple[np.ndarray, int]:
         """(rewards of all B rows, reward calls that failed on every process)."""
-        return score_rollout(r, self.tok, self.reward_fn)
+        return score_episodes(r, self.tok, self.reward_fn)
 
     def rollout(self, params, step: int, seed) -> Rollout:
         """The rollout of update `step`: `generate` over the step's prompts, or the slot
@@ -333,6 +339,7 @@ class Run:
                                           eos_id=self.tok.eos_id, mask_truncated=cfg.mask_truncated,
                                           overlong_buffer=cfg.overlong_buffer,
                                           overlong_penalty=cfg.overlong_penalty)
+        batch = mask_observations(batch, r, self.prompt_len)   # episodes: assistant tokens
         if refill is not None:   # the rounds' counts, not the trained batch's
             accounting.update(refill.counts)
         rec: dict[str, Any] = {}

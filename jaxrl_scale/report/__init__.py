@@ -24,9 +24,9 @@ from typing import Sequence
 
 from jaxrl_scale.numbers import UNBOUNDED, fmt, fmt_ci
 from jaxrl_scale.report.base import FIGURES, REPORT_FILE, _configs, _level
-from jaxrl_scale.report.figures import (plot_collection_time, plot_critical_batches,
-                                        plot_grad_norm, plot_learning_curves,
-                                        plot_time_to_target)
+from jaxrl_scale.report.figures import (plot_batch_trajectory, plot_collection_time,
+                                        plot_critical_batches, plot_grad_norm,
+                                        plot_learning_curves, plot_time_to_target)
 from jaxrl_scale.report.tables import format_table
 from jaxrl_scale.report.text import (_answer, _details, facts, partial_rollout_lines,
                                      planner_lines, source_findings)
@@ -59,7 +59,10 @@ def render(summary, out_dir: str, runs: Sequence[Run] = (), plans_dir: str | Non
             ("grad_norm.png", plot_grad_norm,
              "fewer than 2 batches (same lr rule as the reference) log actor_grad_norm"),
             ("collection_time.png", plot_collection_time,
-             "no run gives a batch and a time per step")):
+             "no run gives a batch and a time per step"),
+            *([("batch_trajectory.png", lambda s, f: plot_batch_trajectory(runs, s, f),
+                "no scheduled run was passed to the report")]
+              if any(st.batch_schedule for st in summary.configs.values()) else [])):
         got = fn(summary, p(fname))
         (drawn.append(got) if got else missing.append(f"{fname}: {why}"))
 

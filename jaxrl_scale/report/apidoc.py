@@ -27,7 +27,7 @@ from jaxrl_scale.scaling.findings import Finding
 from jaxrl_scale.scaling.records import (CriticalGenerationBatch, CriticalTrainingBatch, Drift,
                                          Power, Regime)
 from jaxrl_scale.scaling.summary import (ALIASES, PRIMARY_KEYS, AlgoSummary, ConfigStats,
-                                         RunStats, Summary)
+                                         RunStats, Summary, json_fields)
 from jaxrl_scale.scaling.values import FLAT_KEYS, ConfigRatios, FamilyTest, Ratio
 
 # The documented classes, in the order of docs/api.md's sections.
@@ -61,7 +61,7 @@ EXTRA_KEYS = {Summary: _summary_extras(), ConfigStats: {k: _flat_type(k) for k i
 
 def json_names(cls) -> dict[str, str]:
     """{name: type} of every row `cls`'s table must have: its fields, then its extra keys."""
-    out = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    out = {f.name: str(f.type) for f in json_fields(cls)}   # not the in-memory arrays
     out.update(EXTRA_KEYS.get(cls, {}))
     return out
 

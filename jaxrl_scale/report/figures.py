@@ -8,6 +8,9 @@ global state), intervals drawn wherever a number has one:
   grad_norm.png         actor (and critic) grad norm vs batch, log-log, with a -1/2 guide
   collection_time.png   responses per step and collection seconds per step, both / smallest
                         batch (the source's Figure 7)
+  batch_trajectory.png  batch_train vs cumulative responses of each scheduled run (a batch
+                        schedule), the fixed configs' batches beside it, N* marked; only
+                        when the study has a scheduled config
 """
 
 from __future__ import annotations
@@ -350,3 +353,56 @@ def plot_critical_batches(summary: Summary, path: str) -> str:
     ax2.legend(fontsize=7)
     ax2.grid(alpha=0.3)
     return _save(fig, path)
+
+
+def plot_batch_trajectory(runs: Sequence[Run], summary: Summary, path: str) -> str | None:
+    """Each scheduled run's batch per update against cumulative responses (the steps it
+    recorded, seeds of a config in one colour), with its N* marked and its config's T/T0 in the
+    legend; the fixed configs of its algorithm as horizontal lines at their batch, so the
+    trajectory reads against the batches it is compared with. None without a scheduled run."""
+    from jaxrl_scale.scaling.schedule_plan import segments_from_records
+    configs = _configs(summary)
+    sched = {g: st for g, st in configs.items() if st.batch_schedule}
+    by_group: dict[str, list[Run]] = {}
+    for r in runs:
+        if (r.group or r.name) in sched:
+            by_group.setdefault(r.group or r.name, []).append(r)
+    if not by_group:
+        return None
+    algos = sorted({_algo_of(sched[g]) for g in by_group},
+                   key=lambda a: (a != summary.primary_algo, a))
+    fig = Figure(figsize=(7 * len(algos), 4.6), layout="constrained")
+    axes = fig.subplots(1, len(algos), squeeze=False)[0]
+    for ax, algo in zip(axes, algos):
+        fixed = sorted({st.batch for st in configs.values() if _algo_of(st) == algo
+                        and _ok(st.batch) and _ratio(st) == 1})
+        for b in fixed:
+            ax.axhline(b, color="gray", lw=0.7, ls=":")
+            ax.annotate(f"B={fmt(b)}", (0, b), fontsize=7, color="gray",
+                        xytext=(2, 2), textcoords="offset points")
+        for i, g in enumerate(sorted(g for g in by_group if _algo_of(sched[g]) == algo)):
+            st, color = sched[g], f"C{i % 10}"
+            tt = fmt_ci(st.T_over_T0, st.T_over_T0_ci) if _ok(st.T_over_T0) else "not reached"
+            for j, r in enumerate(sorted(by_group[g], key=lambda r: r.name)):
+                segs, end = segments_from_records(r.train)
+                if not segs:
+                    continue
+                x = [n for n, _ in segs] + [end]
+                y = [b for _, b in segs] + [segs[-1][1]]
+                ax.step(x, y, where="post", color=color, lw=1.3, alpha=0.8,
+                        label=f"{g} ({st.batch_schedule}): T/T0 = {tt}" if j == 0 else None)
+                n_star = summary.runs[r.name].N_star if r.name in summary.runs else None
+                if _ok(n_star):
+                    b_at = [b for n, b in segs if n <= n_star][-1]
+                    ax.plot([n_star], [b_at], marker="o", color=color, ms=5)
+        ax.set_yscale("log", base=2)
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(lo / 1.3, hi * 1.3)   # the lines at the smallest and largest B stay inside
+        ax.set_xlabel("cumulative retained responses N")
+        ax.set_ylabel("batch per update B (batch_train)")
+        ax.set_title(f"{algo}: batch schedules (dots: each run's N*; dotted: fixed batches)",
+                     fontsize=10)
+        ax.legend(fontsize=7, loc="lower right")
+        ax.grid(alpha=0.3)
+    return _save(fig, path)
+

@@ -66,15 +66,28 @@ def format_table(summary, per_run: bool = False) -> str:
             n_txt += " refill"
         lines.append(
             f"| {g}{ref} | {a}{st.seeds_reached}/{st.seeds} | "
-            f"{fmt(st.batch)} | {st.lr_rule or '-'} | "
+            f"{_batch_text(st)} | {st.lr_rule or '-'} | "
             f"{n_txt} | "
             f"{fmt_ci(st.q, st.q_ci)} | {fmt_ci(st.r_N, st.r_N_ci)} | "
             f"{fmt_ci(st.r_q, st.r_q_ci)} | "
             f"{fmt_ci(st.T_over_T0, st.T_over_T0_ci)} | "
             f"{_table_verdict(summary, g, st)} | {fmt(st.clipped_update_fraction)} | "
             f"{bs_txt} |")
+    if any(st.batch_schedule for _, st in _sorted_configs(summary)):
+        lines.append("\nB of a scheduled config (--batch_schedule): from its first batch to the "
+                     "largest it trained at before N*, pooled over seeds (batch_trajectory.png "
+                     "shows each run).")
     if any(st.refill for _, st in _sorted_configs(summary)):
         lines.append("\nrefill: dynamic sampling (--refill). N* counts retained responses, as "
                      "everywhere; the refill rounds' generation time is in q, and r_q is the "
                      "runs' own.")
     return "\n".join(lines)
+
+
+def _batch_text(st) -> str:
+    """B of a config; a scheduled config's first..largest batch before N*, with its kind."""
+    if not st.batch_schedule:
+        return fmt(st.batch)
+    top = max((float(b) for b in (st.batch_fractions or {})), default=None)
+    span = fmt(st.batch_start) + (f"..{fmt(top)}" if top and top != st.batch_start else "")
+    return f"{span} ({st.batch_schedule})"

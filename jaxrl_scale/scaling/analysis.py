@@ -1,18 +1,19 @@
 """One sweep in, one summary dict out: the numbers behind ``summary.json`` and the report.
 
-Per run: N* from the isotonic (monotone) fit of its eval curve, with a parametric bootstrap
-of the eval noise; q = N* / t(N*) with a bootstrap over step durations. Per config (a run name
-without its seed): seed means, a hierarchical bootstrap (seeds, then each seed's replicates),
-N*, q, r_N, r_q, T/T0 with intervals at ``ci_level`` and a verdict against the reference of
-its own algorithm (docs/science.md, Time to target and Intervals). Then the set of configs not
-distinguishable from the fastest, both critical batches, grad-norm slopes, noise scales and
-curve invariance with a band derived from the measured eval noise; and, for configs run with
-asynchronous partial rollout (gen_batch_ratio k > 1), their q, N* and T against the
-synchronous twin (docs/science.md, Partial rollout). Verdicts and the fastest set are
-family-wise over all configs of the sweep (`scaling.familywise`: Holm over seed-paired,
-pooled-variance t tests of log T/T0; the t intervals replace the bootstrap ones as *_ci, which
-stay as *_ci_boot), with the design's power (min_detectable_r_N); r_q prefers an interleaved
-timing pass (`scaling.drift`).
+Per run (`scaling.run_stats`, one typed `RunStats` each): N* from the isotonic (monotone) fit
+of its eval curve, with a parametric bootstrap of the eval noise; q = N* / t(N*) with a
+bootstrap over step durations. Per config (a run name without its seed): seed means, a
+hierarchical bootstrap (seeds, then each seed's replicates), N*, q, r_N, r_q, T/T0 with
+intervals at ``ci_level`` and a verdict against the reference of its own algorithm
+(docs/science.md, Time to target and Intervals). Then the set of configs not distinguishable
+from the fastest, both critical batches, grad-norm slopes, noise scales and curve invariance
+with a band derived from the measured eval noise; and, for configs run with asynchronous
+partial rollout (gen_batch_ratio k > 1), their q, N* and T against the synchronous twin
+(docs/science.md, Partial rollout). Verdicts and the fastest set are family-wise over all
+configs of the sweep (`scaling.familywise`: Holm over seed-paired, pooled-variance t tests of
+log T/T0; the t intervals replace the bootstrap ones as *_ci, which stay as *_ci_boot), with
+the design's power (min_detectable_r_N); r_q prefers an interleaved timing pass
+(`scaling.drift`).
 Pure numpy: it never imports JAX.
 """
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import math
 import os
 from typing import Any, Sequence
@@ -34,11 +34,13 @@ from jaxrl_scale.scaling import familywise
 from jaxrl_scale.scaling import io as sio
 from jaxrl_scale.scaling import lr_bracket
 from jaxrl_scale.scaling import noise as snoise
+from jaxrl_scale.scaling import replay   # it imports this module only inside its functions
+from jaxrl_scale.scaling import run_stats as rstats
 from jaxrl_scale.scaling import stats
 from jaxrl_scale.scaling import step_cost
-from jaxrl_scale.scaling import time_to_target as ttt
 from jaxrl_scale.scaling.io import Run
 from jaxrl_scale.scaling.references import (AnalysisError, _group_size, _primary,  # noqa: F401
+                                            check_references, check_runs,
                                             default_reference, default_references,
                                             resolve_reference, resolve_references)
 from jaxrl_scale.scaling.rollout_compare import invariance, partial_rollout, rollout_means
@@ -48,9 +50,12 @@ from jaxrl_scale.scaling.summary import AlgoSummary, ConfigStats, RunStats, Summ
 from jaxrl_scale.scaling.configs import (compose_configs, config_stats,  # noqa: F401
                                          critical_training_batch, single_run_reference)
 from jaxrl_scale.scaling.verdicts import VERDICTS  # noqa: F401
-from jaxrl_scale.scaling.run_stats import auto_target, eval_noise, run_stats  # noqa: F401
+from jaxrl_scale.scaling.io import SWEEP_FILE, sweep_dirs  # noqa: F401
+from jaxrl_scale.scaling.run_stats import (DEFAULT_TARGET_FRACTION, Targets,  # noqa: F401
+                                           auto_target, eval_noise, recorded_target_fraction,
+                                           run_table, set_targets, with_run_ratios)
 from jaxrl_scale.scaling.blocks import BLOCK_PASSES_NOTE, block_timing, warm_start_blocks
-from jaxrl_scale.scaling.verdicts import interval as _ci
+from jaxrl_scale.scaling.stats import interval as _ci
 from jaxrl_scale.scaling.throughput import step_costs
 
 SUMMARY_FILE = "summary.json"
@@ -78,52 +83,28 @@ def write_summary(out_dir: str, summary) -> str:
     return path
 
 
+# ----------------------------------------------------------------------------- the stages
 
 
-# ----------------------------------------------------------------------------- per run
-
-
-DEFAULT_TARGET_FRACTION = 0.5
-SWEEP_FILE = "sweep.json"          # the study's SweepConfig, written by experiment/sweep.py
 MIN_EVALS_BEFORE_N_STAR = 6   # where N* is decided by evals, not by the curve's shape
 
 
-def sweep_dirs(sweep_dir: str | None) -> list[str]:
-    """The studies of ``sweep_dir``: one directory, or several given comma-separated (e.g.
-    the same study from several warm-starts, analysed together with the warm-starts as
-    blocks)."""
-    return [d.strip() for d in (sweep_dir or "").split(",") if d.strip()]
-
-
-def recorded_target_fraction(sweep_dir: str | None) -> float:
-    """The auto target's fraction a study chose (SWEEP_DIR/sweep.json "sweep" ->
-    "target_fraction"), so that re-analysing its directory decides at the same target;
-    DEFAULT_TARGET_FRACTION for logs without one (other frameworks, older sweeps)."""
-    dirs = sweep_dirs(sweep_dir)
-    path = os.path.join(dirs[0], SWEEP_FILE) if dirs else None
-    if not path or not os.path.isfile(path):
-        return DEFAULT_TARGET_FRACTION
-    with open(path) as f:
-        rec = json.load(f).get("sweep") or {}
-    x = rec.get("target_fraction")
-    return float(x) if is_number(x) else DEFAULT_TARGET_FRACTION
-
-
-def evals_before_n_star(per_run: dict, algo: str, needed: int) -> dict | None:
+def evals_before_n_star(per_run: dict[str, RunStats], algo: str, needed: int) -> dict | None:
     """How many evals of each run of `algo` fall before its N* (N* decided by
     evals, not by the curve's shape between two of them): min, median, and the runs (and
     their configs) with fewer than `needed`. None when no run reached."""
-    k = {n: x["evals_before_N_star"] for n, x in per_run.items()
-         if (x.get("algo") or "?") == algo and x.get("evals_before_N_star") is not None}
+    k = {n: x.evals_before_N_star for n, x in per_run.items()
+         if (x.algo or "?") == algo and x.evals_before_N_star is not None}
     if not k:
         return None
     few = sorted(n for n, v in k.items() if v < needed)
     return {"needed": needed, "runs": len(k), "min": int(min(k.values())),
             "median": float(np.median(list(k.values()))), "runs_below": len(few),
-            "configs_below": sorted({per_run[n].get("group") or n for n in few})}
+            "configs_below": sorted({per_run[n].group or n for n in few})}
 
 
-def power_and_evals(fw: dict, ci_level: float, primary: str, per_run: dict) -> dict:
+def power_and_evals(fw: dict, ci_level: float, primary: str,
+                    per_run: dict[str, RunStats]) -> dict:
     """`familywise.power_fields`, each algorithm's power record with its
     "evals_before_N_star" (`evals_before_n_star`): what the design can detect and whether N*
     was decided by evals."""
@@ -173,15 +154,6 @@ def grad_norm_slopes(runs: Sequence[Run], ref: ConfigStats, n_boot: int, rng, le
     return out
 
 
-def clipped_update_fraction(run: Run) -> float | None:
-    """Share of updates whose pre-clip actor grad norm exceeded max_grad_norm."""
-    lim = sio.config_get(run.config, "max_grad_norm")
-    _, v = run.train_series("actor_grad_norm")
-    if not is_number(lim) or lim <= 0 or not v.size:
-        return None
-    return float(np.mean(v > lim))
-
-
 # ----------------------------------------------------------------------------- the summary
 
 
@@ -212,26 +184,6 @@ class Settings:
     min_gain: float = 0.10
     flat_slope: float = -0.25
     design: str | None = None      # None: the study's own (sweep.json); "fixed": the fixed test
-
-
-@dataclasses.dataclass(frozen=True)
-class Targets:
-    """J* per algorithm (its rule when auto) and, with warm-start blocks, per (algo, block)."""
-    by_algo: dict[str, float]
-    rules: dict[str, dict]
-    by_block: dict[tuple[str, str], float]
-
-    def of(self, run: Run, block: str | None, primary: str) -> float:
-        t = self.by_algo.get(run.algo or "?", self.by_algo[primary])
-        return self.by_block.get((run.algo or "?", block), t)
-
-
-@dataclasses.dataclass
-class RunTable:
-    """Every run's statistics at its target (summary.json "runs", as dicts the family-wise
-    test reads) and their bootstrap replicates."""
-    stats: dict[str, dict]
-    reps: dict[str, dict]
 
 
 @dataclasses.dataclass
@@ -265,8 +217,6 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
     tuning record (lr_tune.json, `scaling.lr_bracket`) and the study's target fraction
     (sweep.json) when none is given."""
     cfg = dataclasses.replace(settings or Settings(), **knobs)
-    if cfg.target_fraction is None:
-        cfg = dataclasses.replace(cfg, target_fraction=recorded_target_fraction(sweep_dir))
     target = parse_target(target)
     runs = list(runs)
     warnings = check_runs(runs, target, cfg.ci_level)
@@ -274,15 +224,45 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
     check_references(refs)
     rng = np.random.default_rng(seed)
     blocks = warm_start_blocks(runs)
-    targets = set_targets(refs, blocks, target, cfg, rng)
-    table = run_table(runs, refs, blocks, targets, cfg, rng)
-    per_cfg = config_table(runs, table, refs, cfg, rng)
-    add_run_ratios(runs, table, per_cfg, refs)
+    if cfg.target_fraction is None:   # the study's own: a re-analysis decides at its target
+        cfg = dataclasses.replace(cfg, target_fraction=recorded_target_fraction(sweep_dir))
+    targets = set_targets(refs, blocks, target, cfg.target_fraction, cfg.ci_level, rng)
+    per_run = run_table(runs, blocks, targets, _primary(refs), cfg.n_boot, rng, cfg.ci_level,
+                        cfg.fit_sigmoid)
+    per_cfg = config_table(runs, per_run, refs, cfg, rng)
+    per_run = with_run_ratios(per_run, per_cfg.stats, refs)
     tp = throughput(runs, blocks, per_cfg, refs, sweep_dir, timing, cfg.ci_level, warnings)
-    fw = familywise.sweep_tests(per_cfg.stats, table.stats, per_cfg.reps,
+    fw, cstats, drift_info, seq = decide(runs, per_run, per_cfg, refs, tp, sweep_dir, cfg)
+    per_algo, cstats = algo_summaries(runs, refs, per_run, per_cfg, cstats, targets,
+                                      fw["best_sets"], (cfg, rng))
+    primary = _primary(refs)
+    # Last: its bootstrap draws must not move the numbers above.
+    partial = partial_rollout(cstats, per_cfg.reps, sio.group_runs(runs), per_run, rng,
+                              cfg.ci_level)
+    found = findings.source_findings(per_algo, cstats, per_cfg.reps, cfg.ci_level,
+                                     cfg.tolerance, primary,
+                                     per_algo[primary].critical_generation_batch)
+    return Summary(
+        ci_level=cfg.ci_level, primary_algo=primary, algos=per_algo, runs=per_run,
+        configs=cstats, partial_rollout=partial, findings=tuple(found),
+        tolerance=cfg.tolerance, n_boot=cfg.n_boot, skipped=list(skipped), warnings=warnings,
+        sweep_dir=sweep_dir, familywise={k: fw[k] for k in ("families", "n_tests", "alpha",
+                                                            "margin", "method")},
+        **power_and_evals(fw, cfg.ci_level, primary, per_run),
+        drift=Drift.from_json(drift_info), sequential=seq or None,
+        **study_records(runs, sweep_dir, primary))
+
+
+def decide(runs: list[Run], per_run: dict[str, RunStats], per_cfg: ConfigTable, refs: dict,
+           tp: Throughput, sweep_dir: str | None, cfg: Settings
+           ) -> tuple[dict, dict[str, ConfigStats], dict, dict | None]:
+    """The verdicts: the family-wise tests (`familywise.sweep_tests`) on r_q's source, a
+    sequential study's decisions (its recorded plan, unless ``cfg.design`` says otherwise),
+    and each config's ConfigStats built from them. Returns (the tests, the configs, the drift
+    record with the in-run disagreements, the sequential record or None)."""
+    fw = familywise.sweep_tests(per_cfg.stats, per_run, per_cfg.reps,
                                 {a: n for a, (n, _) in refs.items()}, cfg.ci_level,
                                 offsets=tp.offsets, block_offsets=tp.block_offsets)
-    from jaxrl_scale.scaling import replay      # it analyses subsets through this module
     plan = replay.recorded_plan(sweep_dir) if cfg.design is None else None
     seq = plan and replay.sequential_summary(runs, plan, sweep_dir, cfg.ci_level,
                                              cfg.target_fraction)
@@ -293,132 +273,42 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
     cstats = replay.with_sequential_verdicts(compose_configs(
         per_cfg.stats, per_cfg.boot, fw["configs"], sdrift.pass_ratios(drift_info, tp.offsets)),
         seq)
-    per_algo, cstats = algo_summaries(runs, refs, table, per_cfg, cstats, targets,
-                                      fw["best_sets"], (cfg, rng))
-    primary = _primary(refs)
-    # Last: its bootstrap draws must not move the numbers above.
-    partial = partial_rollout(cstats, per_cfg.reps, sio.group_runs(runs), table.reps, rng,
-                              cfg.ci_level)
-    found = findings.source_findings(per_algo, cstats, per_cfg.reps, cfg.ci_level,
-                                     cfg.tolerance, primary,
-                                     per_algo[primary].critical_generation_batch)
+    return fw, cstats, drift_info, seq
+
+
+def study_records(runs: list[Run], sweep_dir: str | None, primary: str) -> dict:
+    """What the study's directory and configs record beside the runs: the lr tuning (the
+    primary algorithm's and all of them, per batch, its cost) and the LoRA configs, as
+    `Summary` fields."""
     dirs = sweep_dirs(sweep_dir)
     one_dir = dirs[0] if len(dirs) == 1 else None
     tuning = lr_bracket.read_lr_tuning(one_dir) if one_dir is not None else None
     extras = lr_bracket.read_tuning_extras(one_dir) if one_dir is not None else {}
-    return Summary(
-        ci_level=cfg.ci_level, primary_algo=primary, algos=per_algo,
-        runs={n: RunStats.from_json(x) for n, x in table.stats.items()}, configs=cstats,
-        partial_rollout=partial, findings=tuple(found), tolerance=cfg.tolerance,
-        n_boot=cfg.n_boot, skipped=list(skipped), warnings=warnings, sweep_dir=sweep_dir,
-        familywise={k: fw[k] for k in ("families", "n_tests", "alpha", "margin", "method")},
-        **power_and_evals(fw, cfg.ci_level, primary, table.stats),
-        drift=Drift.from_json(drift_info),
-        # the primary algorithm's lr record, and all of them
+    return dict(
         lr_tuning=(tuning.get(primary) or next(iter(tuning.values()))) if tuning else None,
-        lr_tuning_by_algo=tuning or None,
-        lora=lora_configs(sio.group_runs(runs)) or None,
+        lr_tuning_by_algo=tuning or None, lora=lora_configs(sio.group_runs(runs)) or None,
         lr_tuning_per_batch=extras.get("per_batch") or None,
-        lr_tuning_cost=extras.get("cost") or None, sequential=seq or None)
+        lr_tuning_cost=extras.get("cost") or None)
 
 
-def check_runs(runs: list[Run], target: float | str, ci_level: float) -> list[str]:
-    """AnalysisError for inputs no analysis can use; else the warnings about the rest (runs
-    without evals or a known batch: kept, and reported)."""
-    if not runs:
-        raise AnalysisError("no runs to analyse")
-    names = [r.name for r in runs]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise AnalysisError(f"duplicate run names {dup}: rename the run directories or CSVs")
-    if not 0 < ci_level < 1:
-        raise AnalysisError(f"ci_level: must be in (0, 1), got {ci_level}. Fix: set "
-                            "--ci_level in (0, 1), e.g. 0.9.")
-    warnings = [f"{r.name}: {w}" for r in runs for w in r.warnings]
-    if not any(r.evals for r in runs):
-        raise AnalysisError(f"no run has eval records (records with a 'score' field): {names}")
-    if isinstance(target, float):
-        lowest = min(float(np.min(r.eval_curve()[1])) for r in runs if r.evals)
-        if target < lowest:
-            raise AnalysisError(f"target: {target:g} is below every eval score (lowest "
-                                f"{lowest:g}), so N* would be 0 for every run. Fix: set "
-                                f"--target above {lowest:g}, or --target=auto.")
-    for r in runs:
-        if not r.evals:
-            warnings.append(f"{r.name}: no eval records (no 'score' field); reported as not "
-                            "reached")
-        if not r.batch:
-            warnings.append(f"{r.name}: batch per update unknown (no config.json batch keys "
-                            "and no responses increments)")
-    return warnings
-
-
-def check_references(refs: dict[str, tuple[str, list[Run]]]) -> None:
-    for algo, (name, rs) in refs.items():
-        missing = [r.name for r in rs if not r.evals]
-        if missing:
-            raise AnalysisError(f"reference {name!r} has runs without eval records: {missing}")
-
-
-def set_targets(refs: dict[str, tuple[str, list[Run]]], blocks: dict[str, str],
-                target: float | str, cfg: Settings, rng: np.random.Generator) -> Targets:
-    """One target per algorithm (each is judged against its own reference) and, when the
-    runs start from several warm-starts, one per warm-start block: the same rule on the
-    block's own reference runs, as a study from that warm-start alone would set it."""
-    by_algo, rules, by_block = {}, {}, {}
-    for algo, (name, rs) in refs.items():
-        if target == "auto":
-            probe = [run_stats(r, math.inf, 1, rng, cfg.ci_level)[0] for r in rs]
-            by_algo[algo], rules[algo] = auto_target(probe, cfg.target_fraction)
-            mine = {b: [p for r, p in zip(rs, probe) if blocks.get(r.name) == b]
-                    for b in sorted(set(blocks.values()))}
-            per_block = {b: auto_target(m, cfg.target_fraction) for b, m in mine.items() if m}
-            by_block.update({(algo, b): t for b, (t, _) in per_block.items()})
-            if len(per_block) >= 2:   # the algorithm's J* is their median, not a pooled rule
-                med = {k: float(np.median([r[k] for _, r in per_block.values()]))
-                       for k in ("start", "reach")}
-                by_algo[algo] = round(float(np.median([t for t, _ in per_block.values()])), 4)
-                rules[algo] = {**rules[algo], **med,
-                               "rule": rules[algo]["rule"] + ", on each warm-start's own "
-                               "reference runs (J*, start and reach: their medians)",
-                               "per_warm_start": {b: t for b, (t, _) in per_block.items()}}
-        else:
-            by_algo[algo] = target
-    return Targets(by_algo, rules, by_block)
-
-
-def run_table(runs: list[Run], refs: dict, blocks: dict[str, str], targets: Targets,
-              cfg: Settings, rng: np.random.Generator) -> RunTable:
-    """`run_stats` of every run at its target, with its identity (config, seed, block, ...)."""
-    stats_, reps = {}, {}
-    primary = _primary(refs)
-    for r in runs:
-        t = targets.of(r, blocks.get(r.name), primary)
-        stats_[r.name], reps[r.name] = run_stats(r, t, cfg.n_boot, rng, cfg.ci_level)
-        stats_[r.name].update(group=r.group, seed=r.seed, block=blocks.get(r.name),
-                              lr_rule=r.lr_rule, algo=r.algo,
-                              batch_source=r.batch_source, batch_gen=r.batch_gen,
-                              gen_batch_ratio=r.gen_batch_ratio,
-                              target=t, clipped_update_fraction=clipped_update_fraction(r))
-    return RunTable(stats_, reps)
-
-
-def config_table(runs: list[Run], table: RunTable, refs: dict, cfg: Settings,
+def config_table(runs: list[Run], per_run: dict[str, RunStats], refs: dict, cfg: Settings,
                  rng: np.random.Generator) -> ConfigTable:
     """`configs.config_stats` of every config plus its step costs, clipping, rollout means,
-    noise scales and (fit_sigmoid) the ScaleRL curve fit."""
+    noise scales and (fit_sigmoid) the mean asymptote of its runs' ScaleRL curve fits."""
     groups = sio.group_runs(runs)
-    per_run = table.stats
-    configs, creps, boot = config_stats(groups, per_run, table.reps, refs, rng, cfg.ci_level)
+    # configs.py reads the runs as summary.json's dicts and {"N", "q"} replicates
+    configs, creps, boot = config_stats(
+        groups, {n: x.to_json() for n, x in per_run.items()},
+        {n: {"N": x.N_star_boot, "q": x.q_boot} for n, x in per_run.items()}, refs, rng,
+        cfg.ci_level)
     costs = {r.name: step_costs(r) for r in runs}
     for g, rs in groups.items():
-        st = configs[g]
-        st["responses_min"] = min(per_run[r.name].get("responses_total", 0.0) for r in rs)
+        st, xs = configs[g], [per_run[r.name] for r in rs]
+        st["responses_min"] = min(x.responses_total or 0.0 for x in xs)
         for k in ("collection_s_per_step", "train_s_per_step", "gen_throughput"):
             v = [costs[r.name][k] for r in rs if is_number(costs[r.name][k])]
             st[k] = float(np.mean(v)) if v else None
-        cf = [per_run[r.name]["clipped_update_fraction"] for r in rs
-              if is_number(per_run[r.name]["clipped_update_fraction"])]
+        cf = [x.clipped_update_fraction for x in xs if is_number(x.clipped_update_fraction)]
         st["clipped_update_fraction"] = float(np.mean(cf)) if cf else None
         st.update(rollout_means(rs))
         for who in ("actor", "critic"):
@@ -427,25 +317,9 @@ def config_table(runs: list[Run], table: RunTable, refs: dict, cfg: Settings,
             st[f"{who}_b_simple"] = float(np.mean(bs)) if bs else None
             st[f"{who}_b_simple_range"] = [min(bs), max(bs)] if bs else None
         if cfg.fit_sigmoid:
-            fits = [ttt.fit_sigmoid(*r.eval_curve(), per_run[r.name]["target"]) for r in rs]
-            for r, fz in zip(rs, fits):
-                per_run[r.name]["sigmoid"] = fz
-            a = [fz["A"] for fz in fits if fz]
+            a = [x.sigmoid["A"] for x in xs if x.sigmoid]
             st["sigmoid_A"] = float(np.mean(a)) if a else None
     return ConfigTable(configs, creps, boot, costs)
-
-
-def add_run_ratios(runs: list[Run], table: RunTable, per_cfg: ConfigTable, refs: dict) -> None:
-    """Per-run r_N, r_q, T/T0 against the point values of their algorithm's reference config."""
-    ref_runs = {z.name for _, rs in refs.values() for z in rs}
-    for r in runs:
-        x = table.stats[r.name]
-        ref = per_cfg.stats.get(refs.get(r.algo or "?", (None,))[0]) or {}
-        r_n = x["N_star"] / ref["N_star"] if x["reached"] and ref.get("N_star") else None
-        r_q = x["q"] / ref["q"] if is_number(x["q"]) and is_number(ref.get("q")) else None
-        x.update(r_N=r_n, r_q=r_q,
-                 T_over_T0=r_n / r_q if is_number(r_n) and is_number(r_q) and r_q else None,
-                 is_reference=r.name in ref_runs)
 
 
 def throughput(runs: list[Run], blocks: dict[str, str], per_cfg: ConfigTable, refs: dict,
@@ -477,7 +351,8 @@ def throughput(runs: list[Run], blocks: dict[str, str], per_cfg: ConfigTable, re
     return Throughput(drift_info, offsets, block_offsets)
 
 
-def algo_summaries(runs: list[Run], refs: dict, table: RunTable, per_cfg: ConfigTable,
+def algo_summaries(runs: list[Run], refs: dict, per_run: dict[str, RunStats],
+                   per_cfg: ConfigTable,
                    cstats: dict[str, ConfigStats], targets: Targets,
                    best_sets: dict[str, list[str]], how: tuple[Settings, np.random.Generator]
                    ) -> tuple[dict[str, AlgoSummary], dict[str, ConfigStats]]:
@@ -485,30 +360,30 @@ def algo_summaries(runs: list[Run], refs: dict, table: RunTable, per_cfg: Config
     step-cost regime and fastest set; and every config's curve invariance against its
     reference (returned in the configs)."""
     cfg, rng = how
-    per_run, groups = table.stats, sio.group_runs(runs)
+    groups = sio.group_runs(runs)
     per_algo, invariances = {}, {}
     for algo, (name, rs) in refs.items():
-        ref = cstats.get(name) or single_run_reference(per_run[name], rs[0])
-        ref_se = float(np.median([per_run[z.name]["eval_se"] for z in rs]))
-        jit = [per_run[z.name]["curve_jitter_se"] for z in rs if is_number(per_run[z.name]
-                                                                      ["curve_jitter_se"])]
-        start = float(np.mean([per_run[z.name]["start_score"] for z in rs]))
+        # configs.py reads a single-run reference as summary.json's dict
+        ref = cstats.get(name) or single_run_reference(per_run[name].to_json(), rs[0])
+        xs = [per_run[z.name] for z in rs]
+        ref_se = float(np.median([x.eval_se for x in xs]))
+        jit = [x.curve_jitter_se for x in xs if is_number(x.curve_jitter_se)]
+        start = float(np.mean([x.start_score for x in xs]))
         rule = targets.rules.get(algo) or {}
         climb_from = rule["start"] if "per_warm_start" in rule else start
         for g, grs in groups.items():
             if (grs[0].algo or "?") == algo and g != name:
-                invariances[g] = invariance(grs, rs, table.reps, rng, cfg.ci_level)
+                invariances[g] = invariance(grs, rs, per_run, rng, cfg.ci_level)
         t = targets.by_algo[algo]
         fields = {
             "reference_config": name, "reference_runs": [z.name for z in rs],
             "target": t, "target_rule": targets.rules.get(algo),
-            "eval_se": ref_se, "eval_se_source": per_run[rs[0].name]["eval_se_source"],
+            "eval_se": ref_se, "eval_se_source": xs[0].eval_se_source,
             "curve_jitter_se": float(np.median(jit)) if jit else None,
             "start_score": climb_from,
             "signal_to_noise": (t - climb_from) / ref_se if ref_se > 0 else None,
             "reference_reached": bool(ref.reached),
-            "reference_best_smoothed": max(per_run[z.name].get("smoothed_final") or -math.inf
-                                           for z in rs),
+            "reference_best_smoothed": max(x.smoothed_final or -math.inf for x in xs),
             "critical_training_batch": CriticalTrainingBatch(
                 **critical_training_batch(cstats, ref, cfg.tolerance)),
             "grad_norm": grad_norm_slopes(runs, ref, cfg.n_boot, rng, cfg.ci_level,

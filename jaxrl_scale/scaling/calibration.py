@@ -27,6 +27,7 @@ import numpy as np
 from jaxrl_scale.scaling import stats
 from jaxrl_scale.scaling import drift
 from jaxrl_scale.scaling.io import make_run, Run
+from jaxrl_scale.scaling.summary import RunStats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,7 +291,7 @@ def rate(x) -> dict:
 
 # ----------------------------------------------------------------------------- fast path
 # The CI version: the same simulation, vectorised over sweeps, with the per-run estimates of
-# `analysis.run_stats` (weighted isotonic fit, its monotone-cubic crossing of the auto target, q =
+# `run_stats.run_stats` (weighted isotonic fit, its monotone-cubic crossing of the auto target, q =
 # N* / t(N*)) computed on arrays, then the same decision function `analyze_runs` calls
 # (`familywise.sweep_tests`) per sweep. `one_sweep` / `calibrate` are the full path.
 
@@ -449,13 +450,13 @@ def sweep_inputs(design: Design, est: dict, units: np.ndarray | None, i: int, le
             n, q = float(est["N"][i, c, k]), float(est["q"][i, c, k])
             ok = math.isfinite(n)
             block = f"w{k // design.seeds}" if design.warm_starts > 1 else None
-            per_run[f"{g}_s{k}"] = {"N_star": n if ok else None, "q": q, "seed": k,
-                                    "reached": ok, "block": block,
-                                    "censored_at": None if ok else design.max_responses}
+            per_run[f"{g}_s{k}"] = RunStats(N_star=n if ok else None, q=q, seed=k, reached=ok,
+                                            block=block, censored_at=None if ok
+                                            else design.max_responses)
             runs.append(f"{g}_s{k}")
-        reached = all(per_run[r]["reached"] for r in runs)
-        nm = np.mean([per_run[r]["N_star"] for r in runs]) if reached else math.inf
-        qm = np.mean([per_run[r]["q"] for r in runs])
+        reached = all(per_run[r].reached for r in runs)
+        nm = np.mean([per_run[r].N_star for r in runs]) if reached else math.inf
+        qm = np.mean([per_run[r].q for r in runs])
         configs[g] = {"algo": "grpo", "runs": runs, "reached": reached,
                       "is_reference": g == ref, "T": nm / qm if reached else None}
     offsets, block_offsets = None, None

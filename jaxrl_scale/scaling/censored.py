@@ -25,7 +25,7 @@ def censored_tests(configs: dict, per_run: dict, algo: str, pool: list[str], ref
         if (st["algo"] or "?") != algo or g in pool or st.get("is_reference"):
             continue
         xs = [per_run[r] for r in st["runs"]]
-        if not xs or any(x.get("N_star") is None and not x.get("censored_at") for x in xs):
+        if not xs or any(x.N_star is None and not x.censored_at for x in xs):
             continue
         one = {k: _values(configs, per_run, g, k, by_block) for k in ("N", "T")}
         if block_offsets:

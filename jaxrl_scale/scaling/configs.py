@@ -7,17 +7,53 @@ from __future__ import annotations
 
 import collections
 import math
+import re
 
 import numpy as np
 
 from jaxrl_scale.numbers import is_number, or_none
 from jaxrl_scale.scaling import stats
-from jaxrl_scale.scaling.io import Run
+from jaxrl_scale.scaling.io import Run, batch_from_config, scheduled
 from jaxrl_scale.scaling.references import _group_size
+from jaxrl_scale.scaling.schedule_plan import batch_fractions
 from jaxrl_scale.scaling.summary import ConfigStats
 from jaxrl_scale.scaling.values import BOOTSTRAP, NAMES, ConfigRatios, Ratio
 from jaxrl_scale.scaling.verdicts import interval as _ci
 from jaxrl_scale.scaling.verdicts import verdict as _verdict
+
+
+# A config's name: <algo>_P<P>_G<G>_<rule>[_sched-<kind>][_u<u>][_e<E>][_k<k>], a run's adds
+# _s<seed>. Every tag only where it differs from the default (no schedule, u = E = k = 1), so
+# a study that adds an axis resumes from its old runs. The schedule tag comes right after
+# the rule: stripping _k (scaling.io.strip_ratio) still names the synchronous twin, and _u /
+# _e / _k keep the places scaling.io's patterns look for; P is the batch the schedule starts
+# at.
+SCHEDULE_TAG = "_sched-"
+_NAME_RE = re.compile(r"^(?P<algo>[a-z0-9]+)_P(?P<P>\d+)_G(?P<G>\d+)_(?P<rule>[a-z]+)"
+                      r"(?:_sched-(?P<schedule>[a-z]+))?(?:_u(?P<u>\d+))?(?:_e(?P<E>\d+))?"
+                      r"(?:_k(?P<k>\d+))?(?:_s(?P<seed>\d+))?$")
+
+
+def format_config_name(algo: str, P: int, G: int, rule: str, schedule: str = "none",
+                       u: int = 1, E: int = 1, k: int = 1, seed: int | None = None) -> str:
+    """The name of a config (seed None) or of one of its runs; `parse_config_name` reads it
+    back. experiment/study.py's run_name writes the same names."""
+    tag = (f"{SCHEDULE_TAG}{schedule}" if schedule not in ("", "none") else "") + (
+        f"_u{u}" if u != 1 else "") + (f"_e{E}" if E != 1 else "") + (f"_k{k}" if k != 1 else "")
+    return f"{algo}_P{P}_G{G}_{rule}{tag}" + ("" if seed is None else f"_s{seed}")
+
+
+def parse_config_name(name: str) -> dict | None:
+    """`format_config_name`'s arguments from a name it wrote ({"algo", "P", "G", "rule",
+    "schedule", "u", "E", "k", "seed"}; schedule "none", u = E = k = 1 and seed None where
+    the name has no tag); None for a name of another form."""
+    m = _NAME_RE.match(name)
+    if m is None:
+        return None
+    d = m.groupdict()
+    return {"algo": d["algo"], "P": int(d["P"]), "G": int(d["G"]), "rule": d["rule"],
+            "schedule": d["schedule"] or "none", "u": int(d["u"] or 1), "E": int(d["E"] or 1),
+            "k": int(d["k"] or 1), "seed": None if d["seed"] is None else int(d["seed"])}
 
 
 def _config_reps(names: list[str], reps: dict, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -60,6 +96,12 @@ def config_stats(groups: dict[str, list[Run]], per_run: dict, reps: dict, refs: 
                                                        if x["reached"]])) if n_reached else None}
         if any(r.refill for r in rs):
             st["refill"] = True
+        kind = scheduled(rs[0].config)
+        if kind:   # its batch is a trajectory: the shares the timing pass integrates over
+            st.update(batch_schedule=kind, batch_start=batch_from_config(rs[0].config),
+                      batch_fractions=batch_fractions(
+                          [r.train for r in rs], [x["N_star"] if x["reached"] else None
+                                                  for x in xs]))
         for k in ("N_star", "q"):
             vals = [x[k] for x in xs if x["reached"] and is_number(x[k])]
             st[k + "_std"] = float(np.std(vals)) if len(vals) > 1 else None

@@ -162,10 +162,14 @@ def interleaved_r_q(timing: Sequence[dict] | None, configs: dict, refs: Mapping,
         for g, st in configs.items():
             if (st["algo"] or "?") != algo or g == ref or g in refilled:
                 continue
-            e = _match(timing, st)
-            if e is None:
+            if st.get("batch_schedule"):   # no one batch: the pass along its trajectory
+                from jaxrl_scale.scaling.schedule_plan import pass_ratio_along
+                p = pass_ratio_along(timing, st, e0)
+            else:
+                e = _match(timing, st)
+                p = None if e is None else pass_ratio(e, e0)
+            if p is None:
                 continue
-            p = pass_ratio(e, e0)
             if not p.units.size or not math.isfinite(p.log):
                 continue
             row = {"r_q_interleaved": math.exp(p.log), "units": int(p.units.size),

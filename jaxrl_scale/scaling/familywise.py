@@ -34,12 +34,15 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from jaxrl_scale.scaling.reproducibility import holm_steps, is_fragile
 from jaxrl_scale.scaling.values import FamilyTest, Ratio
+
+if TYPE_CHECKING:
+    from jaxrl_scale.scaling.summary import RunStats
 
 EQUIV_MARGIN = (0.8, 1.25)
 POWER = 0.8
@@ -173,10 +176,10 @@ def min_detectable_log_ratio(se: float, df: float, alpha: float, m: int = 1,
 # ----------------------------------------------------------------------------- the sweep
 
 
-def _log_value(x: dict, key: str) -> float:
-    n, q = x.get("N_star"), x.get("q")
-    if n is None and x.get("censored_at"):   # a lower bound: the budget it ran without reaching
-        n = x["censored_at"]
+def _log_value(x: RunStats, key: str) -> float:
+    n, q = x.N_star, x.q
+    if n is None and x.censored_at:   # a lower bound: the budget it ran without reaching
+        n = x.censored_at
     v = n if key == "N" else q if key == "q" else (n / q if n is not None and q else None)
     return math.log(v) if v is not None and v > 0 and math.isfinite(v) else math.nan
 
@@ -188,16 +191,16 @@ def _cells(configs: dict, per_run: dict, g: str, key: str, by_block: bool) -> di
     for name in configs[g]["runs"]:
         x = per_run[name]
         if by_block:
-            unit = x["block"]
+            unit = x.block
         else:
-            unit = x.get("seed") if x.get("seed") is not None else name
+            unit = x.seed if x.seed is not None else name
         out.setdefault(unit, []).append(_log_value(x, key))
     return out
 
 
 def _by_block(pool: Sequence[str], configs: dict, per_run: dict) -> bool:
     """Whether the pool's runs come from two or more warm-start blocks (every run tagged)."""
-    blocks = {per_run[r].get("block") for g in pool for r in configs[g]["runs"]}
+    blocks = {per_run[r].block for g in pool for r in configs[g]["runs"]}
     return None not in blocks and len(blocks) >= 2
 
 
@@ -263,8 +266,9 @@ def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[s
     """Family-wise verdicts, intervals and fastest sets for a sweep.
 
     configs: the analysis' per-config dicts ("algo", "runs", "reached", "is_reference");
-    per_run: {run: {"N_star", "q", "seed"}}; creps: {config: {"T": bootstrap replicates of T,
-    "r_N", ...}} (used when a design has no df); references: {algo: reference config}.
+    per_run: {run: `summary.RunStats`} (N_star, q, censored_at, seed, block); creps:
+    {config: {"T": bootstrap replicates of T, "r_N", ...}} (used when a design has no df);
+    references: {algo: reference config}.
     offsets: {config: `drift.PassRatio`} from an interleaved timing pass; T/T0 then uses it
     (log T/T0 = log r_N - log r_q, Welch-Satterthwaite df) instead of the in-run q, and so do
     the fastest sets (the verdicts and the fastest set rest on one r_q). block_offsets:
@@ -305,7 +309,7 @@ def sweep_tests(configs: dict, per_run: dict, creps: dict, references: Mapping[s
             fam[algo]["units"] = "warm-starts"
             if passes:
                 fam[algo]["r_q_from"] = "each warm-start's timing pass"
-            fam[algo]["warm_starts"] = len({per_run[r]["block"] for g in pool
+            fam[algo]["warm_starts"] = len({per_run[r].block for g in pool
                                             for r in configs[g]["runs"]})
             fam[algo]["tau_log_N"] = interaction_sd(configs, per_run, pool, "N", var["N"],
                                                     level)

@@ -23,6 +23,7 @@ from jaxrl_scale.numbers import is_number
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
+SWEEP_FILE = "sweep.json"          # the study's SweepConfig, written by experiment/sweep.py
 
 _SEED_RE = re.compile(r"[_\-.](?:s|seed)(\d+)$")
 _RATIO_RE = re.compile(r"_k(\d+)$")   # the sweep's gen_batch_ratio tag (k != 1 only)
@@ -84,6 +85,13 @@ class Run:
         return a[:, 0], a[:, 1]
 
 
+
+
+def sweep_dirs(sweep_dir: str | None) -> list[str]:
+    """The studies of ``sweep_dir``: one directory, or several given comma-separated (e.g.
+    the same study from several warm-starts, analysed together with the warm-starts as
+    blocks)."""
+    return [d.strip() for d in (sweep_dir or "").split(",") if d.strip()]
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -300,7 +308,9 @@ def make_run(name: str, records: Iterable[dict], config: dict | None = None,
               refill=refilled(config),
               block=config_get(config, "init_checkpoint", "hf_checkpoint") or None)
     b = batch_from_config(config)
-    if b is not None:
+    if scheduled(config):   # the batch moves during the run: no one B (scaling/configs.py)
+        run.batch, run.batch_source = None, "schedule"
+    elif b is not None:
         run.batch, run.batch_source = b, "config"
     else:
         b = batch_from_increments(train)
@@ -328,6 +338,13 @@ def make_run(name: str, records: Iterable[dict], config: dict | None = None,
     group = _with_updates(strip_seed(cname), run.updates_per_rollout)
     run.group = _with_ratio(_with_epochs(group, run.update_epochs), run.gen_batch_ratio)
     return run
+
+
+def scheduled(config: dict) -> str | None:
+    """The run's batch schedule (config.json ``batch_schedule``: "noise" or "steps"; None for
+    a fixed batch): its batch per update is a trajectory, not one B."""
+    kind = config_get(config, "batch_schedule")
+    return kind if isinstance(kind, str) and kind not in ("", "none") else None
 
 
 def refilled(config: dict) -> bool:

@@ -8,6 +8,8 @@ import collections
 import math
 from typing import Sequence
 
+import numpy as np
+
 from jaxrl_scale.numbers import is_number
 from jaxrl_scale.scaling import io as sio
 from jaxrl_scale.scaling.io import Run
@@ -96,3 +98,42 @@ def resolve_reference(runs: Sequence[Run], reference: str | None) -> tuple[str, 
             if name == reference:
                 return name, rs
     return refs[_primary(refs)]
+
+
+def check_runs(runs: list[Run], target: float | str, ci_level: float) -> list[str]:
+    """AnalysisError for inputs no analysis can use; else the warnings about the rest (runs
+    without evals or a known batch: kept, and reported)."""
+    if not runs:
+        raise AnalysisError("no runs to analyse")
+    names = [r.name for r in runs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise AnalysisError(f"duplicate run names {dup}: rename the run directories or CSVs")
+    if not 0 < ci_level < 1:
+        raise AnalysisError(f"ci_level: must be in (0, 1), got {ci_level}. Fix: set "
+                            "--ci_level in (0, 1), e.g. 0.9.")
+    warnings = [f"{r.name}: {w}" for r in runs for w in r.warnings]
+    if not any(r.evals for r in runs):
+        raise AnalysisError(f"no run has eval records (records with a 'score' field): {names}")
+    if isinstance(target, float):
+        lowest = min(float(np.min(r.eval_curve()[1])) for r in runs if r.evals)
+        if target < lowest:
+            raise AnalysisError(f"target: {target:g} is below every eval score (lowest "
+                                f"{lowest:g}), so N* would be 0 for every run. Fix: set "
+                                f"--target above {lowest:g}, or --target=auto.")
+    for r in runs:
+        if not r.evals:
+            warnings.append(f"{r.name}: no eval records (no 'score' field); reported as not "
+                            "reached")
+        if not r.batch and r.batch_source != "schedule":   # a schedule has no one B
+            warnings.append(f"{r.name}: batch per update unknown (no config.json batch keys "
+                            "and no responses increments)")
+    return warnings
+
+
+def check_references(refs: dict[str, tuple[str, list[Run]]]) -> None:
+    """AnalysisError for a reference with runs that have no evals: no target, no ratios."""
+    for algo, (name, rs) in refs.items():
+        missing = [r.name for r in rs if not r.evals]
+        if missing:
+            raise AnalysisError(f"reference {name!r} has runs without eval records: {missing}")

@@ -127,7 +127,7 @@ def replay(runs: Sequence[Run], plan: sq.Plan, *, sweep_dir: str | None = None,
 
 def recorded_plan(sweep_dir: str | None) -> sq.Plan | None:
     """The Plan of a study run with --design=sequential (its sweep.json), else None."""
-    from jaxrl_scale.scaling.analysis import SWEEP_FILE, sweep_dirs
+    from jaxrl_scale.scaling.io import SWEEP_FILE, sweep_dirs
     dirs = sweep_dirs(sweep_dir)
     path = os.path.join(dirs[0], SWEEP_FILE) if len(dirs) == 1 else None
     if not path or not os.path.isfile(path):

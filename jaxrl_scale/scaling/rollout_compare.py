@@ -18,14 +18,15 @@ from jaxrl_scale.scaling.verdicts import interval as _ci
 from jaxrl_scale.scaling.verdicts import verdict as _verdict
 
 
-def _mean_curve(runs: Sequence[Run], reps: dict, grid: np.ndarray):
-    """Seed-mean curve on ``grid`` and the SE of each eval of that mean."""
+def _mean_curve(runs: Sequence[Run], per_run: dict, grid: np.ndarray):
+    """Seed-mean curve on ``grid`` and the SE of each eval of that mean (``per_run``: {run:
+    `summary.RunStats`})."""
     curves = [np.interp(grid, *r.eval_curve()) for r in runs]
-    se = np.median(np.concatenate([reps[r.name]["se"] for r in runs]))
+    se = np.median(np.concatenate([per_run[r.name].se_at_evals for r in runs]))
     return np.mean(curves, axis=0), se / math.sqrt(len(runs))
 
 
-def invariance(cfg_runs: list[Run], ref_runs: list[Run], reps: dict, rng, level: float,
+def invariance(cfg_runs: list[Run], ref_runs: list[Run], per_run: dict, rng, level: float,
                n_grid: int = 50, n_sim: int = 400) -> dict:
     """Mean |J - J0| between the seed-mean curves over their common N range, against a band
     derived from the eval noise: the ``level`` quantile of the same statistic for two curves
@@ -38,8 +39,8 @@ def invariance(cfg_runs: list[Run], ref_runs: list[Run], reps: dict, rng, level:
     if hi <= lo:
         return {"within": None, "reason": "eval ranges do not overlap"}
     grid = np.linspace(lo, hi, n_grid)
-    j, se = _mean_curve(cfg_runs, reps, grid)
-    j0, se0 = _mean_curve(ref_runs, reps, grid)
+    j, se = _mean_curve(cfg_runs, per_run, grid)
+    j0, se0 = _mean_curve(ref_runs, per_run, grid)
     mad = float(np.mean(np.abs(j - j0)))
     n1, n0 = cfg_runs[0].eval_curve()[0], ref_runs[0].eval_curve()[0]
     sims = np.empty(n_sim)
@@ -82,7 +83,7 @@ def sync_twin(g: str, st, configs: dict) -> str | None:
     return twins[0] if len(twins) == 1 else None
 
 
-def partial_rollout(configs: dict, creps: dict, groups: dict, reps: dict, rng,
+def partial_rollout(configs: dict, creps: dict, groups: dict, per_run: dict, rng,
                     level: float) -> list[dict]:
     """Partial rollout (B_gen = k * B_train) against its synchronous twin, per config with
     k > 1: q, N* and T ratios (k-run / sync run) with the configs' seed-hierarchical bootstrap
@@ -108,7 +109,7 @@ def partial_rollout(configs: dict, creps: dict, groups: dict, reps: dict, rng,
             "r_N_ci": _ci(stats.ratio(a["N"], b["N"]), level),
             "T_ratio": point("T") if both else None,
             "T_ratio_ci": t_ci, "verdict": _verdict(both, t_ci),
-            "curves": invariance(groups[g], groups[h], reps, rng, level),
+            "curves": invariance(groups[g], groups[h], per_run, rng, level),
             **{k: getattr(st, k) for k in ROLLOUT_KEYS}})
     return familywise_rows(rows, [stats.ratio(creps[x["config"]]["T"],
                                               creps[x["sync_config"]]["T"]) for x in rows], level)

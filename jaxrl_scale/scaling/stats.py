@@ -19,6 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
+from jaxrl_scale.numbers import or_none
+
 CI_LEVEL = 0.9
 
 
@@ -175,6 +177,13 @@ def quantile_ci(x: Sequence[float], level: float = CI_LEVEL) -> list[float]:
     lo = x[min(int(math.floor(a * (x.size - 1))), x.size - 1)]
     hi = x[min(int(math.ceil((1 - a) * (x.size - 1))), x.size - 1)]
     return [float(lo), float(hi)]
+
+
+def interval(x, level: float) -> list:
+    """[lo, hi] of replicates ``x`` at ``level`` (None for an end that is not finite): every
+    interval of the analysis, its step-cost fits and its rollout comparison."""
+    lo, hi = quantile_ci(x, level)
+    return [or_none(lo), or_none(hi)]
 
 
 def ratio(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -19,6 +19,8 @@ import functools
 import math
 from typing import Any
 
+import numpy as np
+
 from jaxrl_scale.scaling.findings import Finding
 from jaxrl_scale.scaling.records import (CriticalGenerationBatch, CriticalTrainingBatch, Drift,
                                          Power, Regime)
@@ -37,7 +39,7 @@ _DROPPED = {"rerun_agreement", "sample_axis"}
 
 def _from(cls, d: dict, where: str):
     """cls(**d) with recorded names mapped; an unknown key is an error naming it."""
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = {f.name for f in json_fields(cls)}
     kw = {}
     for k, v in d.items():
         k = _RENAMED.get(k, k)
@@ -49,11 +51,16 @@ def _from(cls, d: dict, where: str):
     return cls(**kw)
 
 
+def json_fields(cls) -> tuple:
+    """The fields of ``cls`` that summary.json holds (not the in-memory ones, `_memory`)."""
+    return tuple(f for f in dataclasses.fields(cls) if f.metadata.get("json", True))
+
+
 def _json(obj) -> dict:
     """Fields in declaration order; optional fields left at None are omitted when they are
     marked ``omit_none`` (keys a run or config has only in some sweeps)."""
     out = {}
-    for f in dataclasses.fields(obj):
+    for f in json_fields(obj):
         v = getattr(obj, f.name)
         if v is None and f.metadata.get("omit_none"):
             continue
@@ -65,13 +72,22 @@ def _opt(**kw):
     return dataclasses.field(default=None, metadata={"omit_none": True}, **kw)
 
 
+def _memory():
+    """A field the analysis keeps in memory but never writes (bootstrap arrays): None in a
+    summary read back from JSON, and left out of equality (arrays have no single truth)."""
+    return dataclasses.field(default=None, compare=False, repr=False,
+                             metadata={"json": False})
+
+
 WITH_EVALS = ("N_star_ci", "q_ci", "q_overall", "responses_total", "frac_replicates_reached",
               "updates_to_target")
 
 
 @dataclasses.dataclass(frozen=True)
 class RunStats:
-    """One run at its algorithm's target (analysis.run_stats plus its identity and ratios)."""
+    """One run at its algorithm's target, built once by `run_stats.run_stats` (with the
+    run's identity); the ratios to its reference are set by `run_stats.with_run_ratios`. The
+    bootstrap arrays at the end stay in memory: summary.json holds the fields before them."""
 
     batch: float | None = None
     n_evals: int = None
@@ -112,6 +128,12 @@ class RunStats:
     evals_before_N_star: int | None = _opt()   # evals before the crossing
     error: str | None = _opt()      # "no eval records": the keys above are not computed
     sigmoid: dict | None = _opt()
+    # In memory only (`_memory`): what the config bootstrap, the curve comparison and the
+    # partial-rollout comparison resample.
+    N_star_boot: np.ndarray | None = _memory()   # [n_boot] N* replicates (inf: not reached)
+    q_boot: np.ndarray | None = _memory()        # [n_boot] q replicates
+    fit_at_evals: np.ndarray | None = _memory()  # [n_evals] the monotone fit of the curve
+    se_at_evals: np.ndarray | None = _memory()   # [n_evals] each eval's SE the fit used
 
     def to_json(self) -> dict:
         out = _json(self)
@@ -184,6 +206,11 @@ class ConfigStats:
     # True: DAPO dynamic sampling; N* still counts retained responses, the refill rounds'
     # time is in q, and r_q is the runs' own (the timing pass times one round per update)
     refill: bool | None = _opt()
+    # A batch schedule (experiment/schedule.py, "noise" or "steps"): batch is None (no one B),
+    # batch_start the B it starts at, batch_fractions {B: share of its responses to N* at B}
+    batch_schedule: str | None = _opt()
+    batch_start: float | None = _opt()
+    batch_fractions: dict | None = _opt()
 
     @functools.cached_property
     def _flat(self) -> dict:

@@ -1,19 +1,14 @@
-"""An interval of bootstrap replicates and the verdict it gives (docs/science.md, Intervals):
-the one place both are defined for the analysis, the step-cost fits and the rollout
-comparison."""
+"""The verdict an interval of bootstrap replicates gives (docs/science.md, Intervals): the one
+place it is defined for the analysis, the step-cost fits and the rollout comparison. The
+interval itself is `stats.interval`, a shared helper (imported here for this module's
+importers)."""
 
 from __future__ import annotations
 
-from jaxrl_scale.numbers import Interval, or_none
-from jaxrl_scale.scaling import stats
+from jaxrl_scale.numbers import Interval
+from jaxrl_scale.scaling.stats import interval  # noqa: F401
 
 VERDICTS = ("faster", "slower", "indistinguishable", "not reached")
-
-
-def interval(x, level: float) -> list:
-    """[lo, hi] of replicates ``x`` at ``level`` (None for an end that is not finite)."""
-    lo, hi = stats.quantile_ci(x, level)
-    return [or_none(lo), or_none(hi)]
 
 
 def verdict(reached: bool, ci) -> str:
