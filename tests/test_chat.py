@@ -204,7 +204,7 @@ def test_sft_warm_start_sees_the_rl_runs_templated_prompts(tmp_path, monkeypatch
     assert cfg.chat_template == QWEN25
     plain = sft.sft_config_for(TrainConfig())
     d = dataclasses.asdict(plain)
-    d.pop("cache_dir"), d.pop("chat_template")
+    d.pop("cache_dir"), d.pop("chat_template"), d.pop("tool_demos")   # default: not keyed
     assert plain.key() == hashlib.sha256(json.dumps(d, sort_keys=True).encode()
                                          ).hexdigest()[:16]
     assert cfg.key() != plain.key()

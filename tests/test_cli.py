@@ -94,6 +94,8 @@ TRAIN_ROWS = [
     ("--lora_targets=q,q", "lora_targets"), ("--lora_rank=4 --lora_targets=", "lora_targets"),
     ("--lora_rank=4 --algo=ppo --group_size=1", "lora_rank"),
     ("--lora_rank=4 --model=moe_cpu", "lora_targets"),
+    ("--warmstart_tool_demos=2", "warmstart_tool_demos"),
+    ("--env=jaxrl_scale.data.envs:nope", "env"),
     *OFFPOLICY_ROWS, *CHAT_ROWS,
     # multi-process launch settings (jaxrl_scale/cli: checked before jax.distributed starts)
     ("--num_processes=0", "num_processes"),
@@ -118,6 +120,7 @@ SWEEP_ROWS = [
     ("--timing_tolerance=0", "timing_tolerance"),
     ("--timing_blocks=6 --timing_max_blocks=4", "timing_max_blocks"),
     ("--warmstart_seed=-1", "warmstart_seed"), ("--max_prompt_len=3", "max_prompt_len"),
+    ("--warmstart_tool_demos=1.5", "warmstart_tool_demos"),
     ("--max_responses=8", "max_responses"), ("--tune_responses=8", "tune_responses"),
     ("--warm_starts=0", "warm_starts"), ("--warm_starts=2 --nowarmstart", "warm_starts"),
     ("--warm_start_checkpoints=/no/such/a,/no/such/b", "warm_start_checkpoints"),
@@ -135,6 +138,8 @@ SFT_ROWS = [
     ("--num_train_examples=0", "num_train_examples"),
     ("--num_test_examples=0", "num_test_examples"), ("--max_prompt_len=-1", "max_prompt_len"),
     ("--seed=-1", "seed"), ("--model=nope", "model"), *CHAT_ROWS,
+    ("--tool_demos=2", "tool_demos"), ("--tool_demos=0.5 --task=countdown --task_kwargs={}",
+                                       "tool_demos"),
     ("--max_steps=2 --eval_every=1", "REACHED"),                   # a good config runs
     (f"--max_steps=2 --eval_every=1 --chat_template={GOOD_TEMPLATE}", "REACHED"),
 ]

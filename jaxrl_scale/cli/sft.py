@@ -19,7 +19,8 @@ def main(argv):
     with one_line_errors():    # what only the data shows (a prompt over --max_prompt_len),
         path, info = sft_warmstart(cfg)    # found before the model is built
     print(f"warm-start checkpoint: {path}")
-    print(f"held-out greedy accuracy {info['accuracy']:.3f} after {info['steps']} steps "
+    how = " (episodes with the calculator)" if cfg.tool_demos else ""   # sft.episode_accuracy
+    print(f"held-out greedy accuracy{how} {info['accuracy']:.3f} after {info['steps']} steps "
           f"({info['seconds']:.0f} s, model preset {cfg.model!r})")
 
 

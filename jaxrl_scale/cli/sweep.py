@@ -53,7 +53,8 @@ from jaxrl_scale.experiment.errors import ConfigError
 from jaxrl_scale.experiment.rundir import prepare_run_dir
 from jaxrl_scale.experiment.config import TrainConfig
 from jaxrl_scale.experiment.inputs import load_inputs
-from jaxrl_scale.experiment.sft import SFTConfig, sft_config_for, sft_path, sft_warmstart
+from jaxrl_scale.experiment.sft import (SFTConfig, check_warm_start, sft_config_for, sft_path,
+                                        sft_warmstart)
 from jaxrl_scale.experiment.study import (STUDIES, SweepConfig, all_runs, sequential_plan,
                                           exact_eval_where_possible, study_config)
 from jaxrl_scale.experiment.sweep import (EXIT_RUNS_FAILED, check_run_index, run_one, run_sweep,
@@ -143,6 +144,9 @@ flagdefs.define_from_dataclass(SweepConfig, helps=SWEEP_HELP)
 flags.DEFINE_bool("warmstart", True, "Start every run from the cached SFT warm-start.")
 flags.DEFINE_float("warmstart_accuracy", SFTConfig.target_accuracy,
                    "Greedy held-out accuracy the warm-start stops at.")
+flags.DEFINE_float("warmstart_tool_demos", 0.0, "Share of the SFT warm-start's examples written as a "
+                   "calc-tool conversation (--env=jaxrl_scale.data.envs:calc; arithmetic and "
+                   "arith_chain); 0: none.")
 flags.DEFINE_integer("warmstart_seed", 0, "Seed of the SFT warm-start (its init and data "
                      "order): another value is an independent warm-start, e.g. for a second "
                      "replicate of a study with other --seeds.")
@@ -189,8 +193,11 @@ def main(argv):
         check_warm_start_flags(sweep, base)
         if FLAGS.warmstart and not (base.init_checkpoint or base.hf_checkpoint
                                     or sweep.warm_start_checkpoints):
-            sfts = [sft_config_for(base, FLAGS.warmstart_accuracy, FLAGS.warmstart_seed + w)
+            sfts = [sft_config_for(base, FLAGS.warmstart_accuracy, FLAGS.warmstart_seed + w,
+                                   FLAGS.warmstart_tool_demos)
                     for w in range(sweep.warm_starts)]
+            for s in sfts[:1]:       # one warm-start stands for all: they differ in seed only
+                check_warm_start(s)
         final = sweep, base
         if len(sfts) > 1:        # their paths are known before they train
             final = dataclasses.replace(sweep, warm_start_checkpoints=tuple(

@@ -20,7 +20,8 @@ from jaxrl_scale.cli import (define_distributed_flags, flagdefs, init_distribute
                              one_line_errors, quiet_logging, run_main, set_error_dir)
 from jaxrl_scale.distributed import is_primary
 from jaxrl_scale.experiment.config import TrainConfig, check_resume, validate_for_devices
-from jaxrl_scale.experiment.sft import SFTConfig, sft_config_for, sft_path, sft_warmstart
+from jaxrl_scale.experiment.sft import (SFTConfig, check_warm_start, sft_config_for, sft_path,
+                                        sft_warmstart)
 from jaxrl_scale.experiment.inputs import load_inputs
 from jaxrl_scale.experiment.rundir import claim_run_dir, is_finished
 from jaxrl_scale.experiment.train import run_training
@@ -30,6 +31,9 @@ define_distributed_flags()
 flags.DEFINE_bool("warmstart", True, "Start from the cached SFT warm-start (built-in model).")
 flags.DEFINE_float("warmstart_accuracy", SFTConfig.target_accuracy,
                    "Held-out greedy accuracy the warm-start stops at.")
+flags.DEFINE_float("warmstart_tool_demos", 0.0, "Share of the SFT warm-start's examples written as a "
+                   "calc-tool conversation (--env=jaxrl_scale.data.envs:calc; arithmetic and "
+                   "arith_chain); 0: none.")
 FLAGS = flags.FLAGS
 
 
@@ -47,7 +51,9 @@ def _main(held: contextlib.ExitStack):
         validate_for_devices(cfg)
         sft = None
         if FLAGS.warmstart and not (cfg.init_checkpoint or cfg.hf_checkpoint):
-            sft = sft_config_for(cfg, FLAGS.warmstart_accuracy)
+            sft = sft_config_for(cfg, FLAGS.warmstart_accuracy,
+                                 tool_demos=FLAGS.warmstart_tool_demos)
+            check_warm_start(sft)
         check_resume(cfg.replace(init_checkpoint=sft_path(sft)) if sft else cfg)
         if not is_finished(cfg.run_dir):   # a finished run is only reported (may be read-only)
             # writable and ours until the command ends: before the warm-start and compile

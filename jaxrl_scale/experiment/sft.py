@@ -57,10 +57,20 @@ class SFTConfig:
     # The RL run's --chat_template ("none" or a .jinja path: the character tokenizer has no
     # template of its own), so the warm-start imitates solutions to the prompts RL will see.
     chat_template: str = "none"
+    # Share of the SFT examples written as a conversation with the calculator tool of
+    # data/tools.py (the assistant's calc(...) turn, its observation, the final answer), so a
+    # policy trained with --env=jaxrl_scale.data.envs:calc has seen the format before RL.
+    # arithmetic and arith_chain only; observation tokens are out of the loss, as in RL.
+    tool_demos: float = 0.0
 
     def key(self) -> str:
         d = dataclasses.asdict(self)
         d.pop("cache_dir")
+        if d["tool_demos"] == 0:   # the keys of entries cached before tool demonstrations
+            d.pop("tool_demos")
+        else:                      # the demonstrations' texts, as the template's text below
+            from jaxrl_scale.data.tools import DEMO_FORMAT
+            d["tool_demo_format"] = DEMO_FORMAT
         if d["chat_template"] == "none":   # the keys of entries cached before templates
             d.pop("chat_template")
         else:                              # the template's text, wherever its file is
@@ -82,14 +92,15 @@ _CHILD = ("import json, sys; from jaxrl_scale.experiment.sft import SFTConfig, s
 
 
 def sft_config_for(cfg, target_accuracy: float = SFTConfig.target_accuracy,
-                   seed: int = 0) -> SFTConfig:
+                   seed: int = 0, tool_demos: float = 0.0) -> SFTConfig:
     """The warm-start of an RL TrainConfig: the same task, data, model and response length
-    (`seed`: its init and data order; another seed is an independent warm-start)."""
+    (`seed`: its init and data order; another seed is an independent warm-start;
+    `tool_demos`: SFTConfig.tool_demos)."""
     return SFTConfig(task=cfg.task, task_kwargs=cfg.task_kwargs, data_dir=cfg.data_dir,
                      model=cfg.model, num_train_examples=cfg.num_train_examples,
                      num_test_examples=cfg.num_test_examples,
                      max_new_tokens=cfg.max_new_tokens, target_accuracy=target_accuracy,
-                     seed=seed, chat_template=_sft_template(cfg))
+                     seed=seed, chat_template=_sft_template(cfg), tool_demos=tool_demos)
 
 
 def _sft_template(cfg) -> str:
@@ -122,6 +133,78 @@ def greedy_accuracy(model_cfg, params, tokenizer, examples, reward_fn, *, max_ne
     return float((np.concatenate(scores) > 0).mean())
 
 
+# The held-out episodes of a tool-using warm-start: TrainConfig's default --env_max_turns, and
+# room for any calc observation (a value or a fixed error text, data/tools.py).
+EVAL_TURNS, EVAL_OBS_TOKENS = 4, 32
+
+
+def episode_accuracy(model_cfg, params, tokenizer, examples, *, max_new_tokens, prompt_len,
+                     batch_size=256) -> float:
+    """Fraction of examples whose greedy episode with the calculator (data/envs.calc, as RL
+    runs it with --env) earns reward > 0: a policy that calls the tool scores 0 under
+    greedy_accuracy's single response, so its warm-start is stopped by this one."""
+    from jaxrl_scale.data.envs import calc
+    from jaxrl_scale.rl.multiturn import EnvRunner
+    from jaxrl_scale.rl.rollout import SamplingSettings
+    from jaxrl_scale.sampling import SamplingConfig
+    runner = EnvRunner(calc, name="calc", max_turns=EVAL_TURNS, max_obs_tokens=EVAL_OBS_TOKENS,
+                       max_prompt_len=prompt_len)
+    s = SamplingSettings(SamplingConfig(0.0, 0, 1.0), max_new_tokens, tokenizer.eos_id,
+                         tokenizer.pad_id, batch_size)
+    r = runner.rollout(model_cfg, params, list(examples), 1, tokenizer, s,
+                       seed=jax.random.PRNGKey(0))
+    return float((np.asarray(r.rewards_B) > 0).mean())
+
+
+def conversation_ids(tokenizer, turns, codec=None) -> tuple[list[int], list[bool]]:
+    """(ids, is-assistant per id) of (role, text) turns after the prompt, laid out as an RL
+    episode (rl/multiturn.py): an "assistant" turn is its text and the EOS that ends it, an
+    "observation" what rl/multiturn.ObservationCodec feeds (through the chat template, if
+    any). codec: that ObservationCodec (made here when None)."""
+    ids, mine = [], []
+    for role, text in turns:
+        if role == "assistant":
+            t = list(tokenizer.encode(text)) + [tokenizer.eos_id]
+        else:
+            if codec is None:
+                from jaxrl_scale.rl.multiturn import ObservationCodec
+                codec = ObservationCodec(tokenizer)
+            t = codec.encode(text)
+        ids += t
+        mine += [role == "assistant"] * len(t)
+    return ids, mine
+
+
+def pack_conversations(tokenizer, prompts, conversations, *, prompt_len: int,
+                       max_new_tokens: int, codec=None):
+    """pack_texts for conversations ((role, text) turns, see conversation_ids): response_BT
+    marks the assistant's tokens only, so sft_loss learns them and not the observations
+    (context the policy reads, out of RL's loss mask too: rl/multiturn.mask_observations).
+    A conversation of one assistant turn packs exactly as pack_texts packs its text."""
+    from jaxrl_scale.rl.batch import pack_sequences
+    B, M = len(conversations), max_new_tokens
+    resp_BM = np.full((B, M), tokenizer.pad_id, np.int32)
+    mine_BM = np.zeros((B, M), bool)
+    lengths_B = np.zeros((B,), np.int32)
+    for i, turns in enumerate(conversations):
+        ids, mine = conversation_ids(tokenizer, turns, codec)
+        if len(ids) > M:
+            raise ValueError(f"conversation {turns!r} needs {len(ids)} tokens > max_new_tokens"
+                             f"={M}; raise --max_new_tokens.")
+        resp_BM[i, :len(ids)], mine_BM[i, :len(ids)], lengths_B[i] = ids, mine, len(ids)
+    batch = pack_sequences([tokenizer.encode_prompt(p) for p in prompts], resp_BM, lengths_B,
+                           prompt_len=prompt_len, pad_id=tokenizer.pad_id)
+    batch["response_BT"][:, prompt_len:] &= mine_BM
+    return batch
+
+
+def sft_conversations(rows, demo_B) -> list:
+    """Each row's solution as one assistant turn, or where demo_B, its calculator
+    conversation (data/tools.calc_demo)."""
+    from jaxrl_scale.data.tools import calc_demo
+    return [calc_demo(r) if d else [("assistant", r["solution"])] for r, d in zip(rows, demo_B)]
+
+
 def sft_path(cfg: SFTConfig) -> str:
     """Where `sft_warmstart(cfg)` keeps its params (known before it trains)."""
     return os.path.join(os.path.expanduser(cfg.cache_dir), f"{cfg.task}_{cfg.key()}", "params")
@@ -134,7 +217,10 @@ SFT_RANGES: dict[str, tuple[float, float, bool]] = {
                                              "num_train_examples", "num_test_examples")},
     **{k: (0, float("inf"), False) for k in ("max_prompt_len", "seed")},
     "lr": (0, float("inf"), True), "fraction": (0, 1, True), "target_accuracy": (0, 1, True),
+    "tool_demos": (0, 1, False),
 }
+# the tasks whose prompt is the expression a calc(...) call computes (data/tools.calc_demo)
+TOOL_DEMO_TASKS = ("arithmetic", "arith_chain")
 SFT_INT_FIELDS = {f.name for f in dataclasses.fields(SFTConfig) if f.type in ("int", int)}
 
 
@@ -156,6 +242,23 @@ def validate_sft(cfg: SFTConfig) -> None:
                           f"use one of {', '.join(sorted(PRESETS))}")
     from jaxrl_scale.experiment.checks import check_chat_template
     check_chat_template(cfg.chat_template, "char")
+    if cfg.tool_demos > 0 and cfg.task not in TOOL_DEMO_TASKS:
+        raise ConfigError("tool_demos", f"the calculator demonstrations are written for "
+                          f"{' and '.join(TOOL_DEMO_TASKS)}, not {cfg.task!r}",
+                          "set --tool_demos=0, or use one of those tasks")
+
+
+def check_warm_start(cfg: SFTConfig) -> None:
+    """`validate_sft` of an RL command's warm-start, its error named by that command's flag
+    (--warmstart_tool_demos for tool_demos), before the run or sweep starts anything."""
+    from jaxrl_scale.experiment.errors import ConfigError
+    try:
+        validate_sft(cfg)
+    except ConfigError as e:
+        if e.field != "tool_demos":
+            raise
+        raise ConfigError("warmstart_tool_demos", e.problem,
+                          e.fix.replace("--tool_demos", "--warmstart_tool_demos")) from None
 
 
 def sft_warmstart(cfg: SFTConfig, *, progress: bool = True, force: bool = False):
@@ -241,6 +344,21 @@ def _train(cfg: SFTConfig, out_dir: str, info_path: str, progress: bool):
     eval_rows = [test[i] for i in range(min(cfg.eval_prompts, len(test)))]
     reward_fn = reward_for_task(cfg.task)
 
+    codec = None
+    if cfg.tool_demos > 0:   # every demonstration fits the budget: refused now, not mid-run
+        from jaxrl_scale.rl.multiturn import ObservationCodec
+        from jaxrl_scale.experiment.config import ConfigError
+        codec = ObservationCodec(tok)
+        longest = max(len(conversation_ids(tok, t, codec)[0])
+                      for t in sft_conversations(train_rows, [True] * len(train_rows)))
+        if longest > cfg.max_new_tokens:
+            raise ConfigError("max_new_tokens", f"{cfg.max_new_tokens} tokens cannot hold the "
+                              f"longest calculator demonstration ({longest} tokens: the call, "
+                              "its observation and the answer)",
+                              f"set --max_new_tokens >= {longest}, or --tool_demos=0")
+    # which rows are demonstrations: a stream of its own, so the rows drawn are the same
+    demo_rng = np.random.default_rng([cfg.seed, 1])
+
     params = init_params(model_cfg, cfg.seed)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(cfg.lr))
     opt_state = tx.init(params)
@@ -257,15 +375,23 @@ def _train(cfg: SFTConfig, out_dir: str, info_path: str, progress: bool):
     for it in bar:
         idx = rng.integers(0, len(train_rows), cfg.batch_size)
         rows = [train_rows[i] for i in idx]
-        batch = pack_texts(tok, [r["prompt"] for r in rows], [r["solution"] for r in rows],
-                           prompt_len=prompt_len, max_new_tokens=cfg.max_new_tokens)
+        if cfg.tool_demos == 0:
+            batch = pack_texts(tok, [r["prompt"] for r in rows], [r["solution"] for r in rows],
+                               prompt_len=prompt_len, max_new_tokens=cfg.max_new_tokens)
+        else:
+            demo_B = demo_rng.random(len(rows)) < cfg.tool_demos
+            batch = pack_conversations(tok, [r["prompt"] for r in rows],
+                                       sft_conversations(rows, demo_B), prompt_len=prompt_len,
+                                       max_new_tokens=cfg.max_new_tokens, codec=codec)
         params, opt_state, loss = step(params, opt_state, batch)
         if interrupt.requested():   # Ctrl-C (interrupt.deferred_sigint): nothing is cached
             raise interrupt.Interrupted(f"SFT warm-start stopped at step {it}; nothing was "
                                         "cached (a rerun trains it from the start)")
         if it % cfg.eval_every == 0:
             acc = greedy_accuracy(model_cfg, params, tok, eval_rows, reward_fn,
-                                  max_new_tokens=cfg.max_new_tokens)
+                                  max_new_tokens=cfg.max_new_tokens) if cfg.tool_demos == 0 \
+                else episode_accuracy(model_cfg, params, tok, eval_rows,
+                                      max_new_tokens=cfg.max_new_tokens, prompt_len=prompt_len)
             history.append({"step": it, "loss": float(loss), "accuracy": acc})
             bar.set_postfix(loss=f"{float(loss):.3f}", acc=f"{acc:.3f}")
             if acc >= cfg.target_accuracy:

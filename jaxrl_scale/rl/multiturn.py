@@ -286,6 +286,7 @@ class EnvRunner:
         stats = {"env_failures": 0, "env_timeouts": 0, "env_s": 0.0}
         turns_B, obs_B = np.zeros((B,), np.int32), np.zeros((B,), np.int32)
         codec = ObservationCodec(tokenizer)
+        calls: list = []   # each episode's env.tool_calls, where its environment counts them
         t0 = time.perf_counter()
         for i in range(0, B, chunk):
             key = seed if B <= chunk else jax.random.fold_in(_as_key(seed), i // chunk)
@@ -295,7 +296,11 @@ class EnvRunner:
             self._episodes(model_cfg, params, tokenizer, codec, settings, key, mesh, stats,
                            eps, prompts[sl], out=(tokens_BM[sl], logps_BM[sl], assistant_BM[sl],
                                              lengths_B[sl], rewards_B[sl], turns_B[sl], obs_B[sl]))
+            calls += [getattr(ep.env, "tool_calls", None) for ep in eps]
         stats.update(env_turns=float(turns_B.mean()), env_obs_tokens=float(obs_B.mean()))
+        if any(isinstance(c, int) for c in calls):   # a tool environment (data/tools.py)
+            stats["env_tool_calls"] = float(np.mean([c if isinstance(c, int) else 0
+                                                     for c in calls]))
         return EnvRollout(tokens_BM=tokens_BM, logprobs_BM=logps_BM, lengths_B=lengths_B,
                           examples=tuple(examples), prompts=prompts, group_size=group,
                           decode_s=time.perf_counter() - t0 - stats["env_s"],
