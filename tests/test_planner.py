@@ -304,6 +304,16 @@ def test_plan_cli_end_to_end_and_bad_input(tmp_path):
     assert rows[0]["T_over_T0_inside"] is True
     assert os.path.isfile(planner.plot_plan(plan, str(tmp_path / "report_plan.png"), rows))
 
+    # a sweep's own timing.json ({"entries": [...]}, other algorithms' left out) plans the same
+    sweep_tj = tmp_path / "timing.json"
+    sweep_tj.write_text(json.dumps({"entries": [{**e, "algo": "grpo"} for e in _timings()]
+                                    + [{**_timings()[0], "algo": "ppo", "batch": 7}]}))
+    same = _plan_cmd(f"--probe_run={d}", f"--timings_json={sweep_tj}", f"--n_star={n_star}",
+                     "--batches=64,128,256,512,1024", "--n_boot=200", f"--out_dir={out}2")
+    assert same.returncode == 0, same.stderr[-2000:]
+    assert json.loads((tmp_path / "out2" / "plan.json").read_text())["predictions"] == \
+        plan["predictions"]
+
     bad = _plan_cmd(f"--probe_run={d}", f"--timings_json={tj}", "--batches=64,abc",
                     f"--out_dir={out}")
     assert bad.returncode == 2

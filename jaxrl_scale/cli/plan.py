@@ -263,6 +263,10 @@ def _fit(runs, timing_cfg=None) -> dict:
         except (OSError, json.JSONDecodeError) as e:
             raise ConfigError("timings_json", f"cannot read {FLAGS.timings_json!r} ({e})",
                               "pass a JSON list written by a timing pass") from None
+        if isinstance(timings, dict):   # a sweep's timing.json: its passes' entries
+            algo = runs[0].config.get("algo")
+            timings = [e for e in timings.get("entries") or []
+                       if e.get("algo", algo) == algo]
         what = f"timing pass from {FLAGS.timings_json}"
     elif src == "step_times_from":
         pool, like = planner.like_probe(planner.sweep_runs(FLAGS.step_times_from), runs[0])
@@ -348,10 +352,11 @@ def _print(result: dict) -> None:
           f"{th['gamma']:.4g} B s")
     if th.get("reward_d1") is not None:
         b0 = result["reference_batch"]
-        t_r = th["reward_d0"] + th["reward_d1"] * b0
+        share = (th["reward_d0"] + th["reward_d1"] * b0) / (th["d0"] + th["d1"] * b0)
         print(f"  of t_gen, the reward function (measured reward_s): {th['reward_d0']:.4g} + "
-              f"{th['reward_d1']:.4g} B_gen s, {t_r / (th['d0'] + th['d1'] * b0):.0%} of the "
-              f"rollout at B0")
+              f"{th['reward_d1']:.4g} B_gen s, "
+              + (f"{share:.0%} of the rollout at B0" if share >= 0.01 else
+                 "under 1% of the rollout at B0"))
     if th.get("check"):
         print("  fitted vs timed seconds per update: " + ", ".join(
             f"B={c['batch']:g} {c['rel_err']:+.1%}" for c in th["check"]))
