@@ -74,3 +74,26 @@ def test_a_refilled_config_keeps_its_in_run_r_q():
     d, ratios = drift.interleaved_r_q(timing, dict(configs, ref=dict(
         st, batch=64, refill=True)), {"grpo": ("ref", [])}, 0.9)
     assert not ratios and d["controlled"] is False
+
+
+def test_a_config_at_the_reference_entry_shares_its_throughput_in_a_block_pass():
+    """Another loss at B0 is timed by the reference's own entry: its log r_q is 0 in every
+    unit. A warm-start's own pass (same_entry) returns it, so the block test can put r_q = 1
+    into the units; the study-wide pass leaves it to its runs (a zero-variance pass ratio has
+    no t interval)."""
+    rng = np.random.default_rng(2)
+    timing = [{"batch": b, "gen_batch_ratio": 1, "group_size": 8,
+               "step_s": list(b / 20.0 * np.exp(0.03 * rng.standard_normal(6)))}
+              for b in (64, 128)]
+    st = {"algo": "grpo", "gen_batch_ratio": 1, "group_size": 8}
+    configs = {"ref": dict(st, batch=64), "other_loss": dict(st, batch=64),
+               "big": dict(st, batch=128)}
+    d, ratios = drift.interleaved_r_q(timing, configs, {"grpo": ("ref", [])}, 0.9)
+    assert set(ratios) == {"big"}
+    d, ratios = drift.interleaved_r_q(timing, configs, {"grpo": ("ref", [])}, 0.9,
+                                      same_entry=True)
+    assert set(ratios) == {"big", "other_loss"}
+    assert ratios["other_loss"].log == 0.0 and not ratios["other_loss"].units.any()
+    assert d["configs"]["other_loss"]["r_q_interleaved"] == 1.0
+    assert ratios["big"].log == drift.interleaved_r_q(timing, configs, {"grpo": ("ref", [])},
+                                                      0.9)[1]["big"].log

@@ -333,7 +333,8 @@ def throughput(runs: list[Run], blocks: dict[str, str], per_cfg: ConfigTable, re
     in_run_r_q = {g: b["r_q"].value for g, b in per_cfg.boot.items()}
     block_offsets = None
     if timing is None and blocks:   # one timing pass per warm-start, in its machine state
-        block_offsets = {b: sdrift.interleaved_r_q(t, per_cfg.stats, refs, level)[1]
+        block_offsets = {b: sdrift.interleaved_r_q(t, per_cfg.stats, refs, level,
+                                                   same_entry=True)[1]
                          for b, t in block_timing(runs, blocks).items()}
         if not block_offsets or set(block_offsets) != set(blocks.values()):
             block_offsets = None

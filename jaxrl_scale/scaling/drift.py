@@ -137,13 +137,16 @@ def half_widths(entries: Sequence[dict], reference_batch: int, level: float) -> 
 
 
 def interleaved_r_q(timing: Sequence[dict] | None, configs: dict, refs: Mapping, level: float,
-                    in_run: Mapping[str, float | None] | None = None
-                    ) -> tuple[dict, dict[str, PassRatio]]:
+                    in_run: Mapping[str, float | None] | None = None,
+                    same_entry: bool = False) -> tuple[dict, dict[str, PassRatio]]:
     """(summary "drift" dict, {config: PassRatio} for `familywise.sweep_tests`).
 
     refs: {algo: (reference config, runs)} as in the analysis; in_run: {config: r_q from the
     runs' own step times} (the cross-check). A config is matched to the pass's entry of its
-    batch (and gen_batch_ratio, preferring its group size)."""
+    batch (and gen_batch_ratio, preferring its group size). A config matched to the
+    reference's own entry (the same batch, k and G: another loss or advantage at B0) has r_q
+    1 exactly, units of zeros; with ``same_entry`` (a warm-start's own pass, where only the
+    per-block log r_q is used) it is returned too, else left to its runs' own r_q."""
     in_run = in_run or {}
     if not timing:
         return {"controlled": False, "r_q_source": "in-run step times", "note": NOT_CONTROLLED,
@@ -171,6 +174,11 @@ def interleaved_r_q(timing: Sequence[dict] | None, configs: dict, refs: Mapping,
             if p is None:
                 continue
             if not p.units.size or not math.isfinite(p.log):
+                continue
+            if same_entry and not st.get("batch_schedule") and _match(timing, st) is e0:
+                offsets[g] = p
+                out[g] = {"r_q_interleaved": 1.0, "units": int(p.units.size), "unit": p.unit,
+                          "r_q_in_run": in_run.get(g)}
                 continue
             row = {"r_q_interleaved": math.exp(p.log), "units": int(p.units.size),
                    "unit": p.unit, "r_q_in_run": in_run.get(g)}
