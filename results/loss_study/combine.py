@@ -14,6 +14,9 @@ difference to the default over warm-starts. Run from the repository root:
     python results/loss_study/combine.py SWEEPS_ROOT     # SWEEPS_ROOT/{default,cispo,batchnorm}
     python experiments/analyze.py --sweep_dir=results/loss_study/logs --out=results/loss_study
     python results/loss_study/combine.py --scores > results/loss_study/scores.md
+
+With --u=2 the same for sweeps of two updates per rollout (the off-policy check, runs named
+..._u2_s<seed>), into results/loss_study/off_policy/ (the losses whose sweeps are there).
 """
 import json
 import os
@@ -24,41 +27,52 @@ import sys
 import numpy as np
 from scipy import stats as sps
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-LOGS = os.path.join(HERE, "logs")
+STUDY = os.path.dirname(os.path.abspath(__file__))
 LOSSES = {"default": "", "cispo": "_cispo", "batchnorm": "_batchnorm"}
-RUN = re.compile(r"^grpo_P16_G8_sqrt_s(\d+)$")
 LEVEL = 0.9
 
 
-def combine(root: str) -> None:
-    os.makedirs(LOGS, exist_ok=True)
+def _where(u: int) -> tuple[str, str, str]:
+    """(record directory, its logs, the runs' update tag) for u updates per rollout."""
+    here = STUDY if u == 1 else os.path.join(STUDY, "off_policy")
+    return here, os.path.join(here, "logs"), "" if u == 1 else f"_u{u}"
+
+
+def combine(root: str, u: int = 1) -> None:
+    here, logs, tag_u = _where(u)
+    run = re.compile(rf"^grpo_P16_G8_sqrt{tag_u}_s(\d+)$")
+    os.makedirs(logs, exist_ok=True)
     for loss, tag in LOSSES.items():
         src = os.path.join(root, loss)
+        if not os.path.isdir(src):
+            continue
         for name in sorted(os.listdir(src)):
-            m = RUN.match(name)
+            m = run.match(name)
             if not m:
                 continue
-            dst = os.path.join(LOGS, f"grpo_P16_G8_sqrt{tag}_s{m.group(1)}")
+            dst = os.path.join(logs, f"grpo_P16_G8_sqrt{tag}{tag_u}_s{m.group(1)}")
             os.makedirs(dst, exist_ok=True)
             for f in ("config.json", "metrics.jsonl", "DONE.json"):
                 if os.path.isfile(os.path.join(src, name, f)):
                     shutil.copy(os.path.join(src, name, f), dst)
-        shutil.copy(os.path.join(src, "lr_tune.json"), os.path.join(HERE, f"lr_tune_{loss}.json"))
+        if os.path.isfile(os.path.join(src, "lr_tune.json")):
+            shutil.copy(os.path.join(src, "lr_tune.json"),
+                        os.path.join(here, f"lr_tune_{loss}.json"))
     for f in ("sweep.json", "timing.json"):
-        shutil.copy(os.path.join(root, "default", f), os.path.join(LOGS, f))
+        shutil.copy(os.path.join(root, "default", f), os.path.join(logs, f))
 
 
-def _runs() -> dict:
+def _runs(u: int) -> dict:
     """{loss: {(warm-start, seed): (final score, median update_s)}}."""
+    _, logs, tag_u = _where(u)
     out = {}
     for loss, tag in LOSSES.items():
-        pat = re.compile(rf"^grpo_P16_G8_sqrt{tag}_s(\d+)$")
-        for name in sorted(os.listdir(LOGS)):
+        pat = re.compile(rf"^grpo_P16_G8_sqrt{tag}{tag_u}_s(\d+)$")
+        for name in sorted(os.listdir(logs)):
             m = pat.match(name)
             if not m:
                 continue
-            d = os.path.join(LOGS, name)
+            d = os.path.join(logs, name)
             with open(os.path.join(d, "config.json")) as f:
                 cfg = json.load(f)
             recs = [json.loads(x) for x in open(os.path.join(d, "metrics.jsonl"))]
@@ -69,16 +83,20 @@ def _runs() -> dict:
     return out
 
 
-def scores() -> None:
-    runs = _runs()
+def scores(u: int = 1) -> None:
+    here, _, _ = _where(u)
+    runs = _runs(u)
     base = runs["default"]
     print("| loss | tuned lr | runs | final score (mean) | paired difference to the default, "
           f"{LEVEL:.0%} over warm-starts | median update seconds |")
     print("|---|---|---|---|---|---|")
     for loss, r in runs.items():
-        with open(os.path.join(HERE, f"lr_tune_{loss}.json")) as f:
-            lr = json.load(f)
-        lr = f"{lr['tuned']['grpo']['lr']:g}"
+        try:
+            with open(os.path.join(here, f"lr_tune_{loss}.json")) as f:
+                lr = f"{json.load(f)['tuned']['grpo']['lr']:g}"
+        except OSError:       # no tuning: the lr given
+            with open(os.path.join(here, "logs", "sweep.json")) as f:
+                lr = f"{json.load(f)['base']['optim']['base_lr']:g} (given)"
         warm = sorted({w for w, _ in r})
         # per warm-start: mean over its seeds of (score - the default's at the same seed)
         d = np.array([np.mean([r[k][0] - base[k][0] for k in r if k[0] == w and k in base])
@@ -94,7 +112,9 @@ def scores() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--scores"]:
-        scores()
+    args = [a for a in sys.argv[1:] if not a.startswith("--u=")]
+    u = int(next((a[4:] for a in sys.argv[1:] if a.startswith("--u=")), 1))
+    if args == ["--scores"]:
+        scores(u)
     else:
-        combine(sys.argv[1])
+        combine(args[0], u)
