@@ -234,6 +234,21 @@ def _check_user_module(module_name: str, spec: str) -> None:
                          f"from your own modules only ({fix_hint}, which may call it)")
 
 
+def import_user_module(module_name: str, spec: str, own: bool):
+    """The module of a user's `spec` ("package.module:name"): found on the working directory
+    (added to sys.path last, so it never shadows an installed module, and the installed
+    commands find it as `python` would) or PYTHONPATH, after `_check_user_module`'s refusals;
+    a module of this library (`own`) as it is. ValueError for one that does not import."""
+    if not own:
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.append(os.getcwd())
+        _check_user_module(module_name, spec)
+    try:
+        return importlib.import_module(module_name)
+    except Exception as e:  # noqa: BLE001 - the user's module: any import error is theirs
+        raise ValueError(f"cannot import {module_name!r} ({type(e).__name__}: {e})") from None
+
+
 def load_reward_fn(spec: str) -> Callable[[str, dict[str, Any]], float]:
     """The user function named by "package.module:function": `fn(response: str, example:
     dict) -> float`, where `example` is the task row the prompt came from ("prompt",
@@ -247,14 +262,7 @@ def load_reward_fn(spec: str) -> Callable[[str, dict[str, Any]], float]:
         raise ValueError(f"{spec!r} is not of the form 'package.module:function'")
     if not attr.isidentifier():
         raise ValueError(f"{attr!r} is not a function name (one identifier, no dots)")
-    if spec not in _OWN_REWARDS:
-        if os.getcwd() not in sys.path and "" not in sys.path:
-            sys.path.append(os.getcwd())   # last: the cwd never shadows an installed module
-        _check_user_module(module_name, spec)
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 - the user's module: any import error is theirs
-        raise ValueError(f"cannot import {module_name!r} ({type(e).__name__}: {e})") from None
+    module = import_user_module(module_name, spec, own=spec in _OWN_REWARDS)
     fn = getattr(module, attr, None)
     if fn is None:
         raise ValueError(f"{module_name!r} has no function {attr!r}")

@@ -32,11 +32,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import importlib
 import inspect
 import logging
-import os
-import sys
 import time
 from typing import Any, Callable, Optional, Sequence
 
@@ -63,18 +60,11 @@ def load_env_factory(spec: str) -> Callable[[dict], Any]:
     """The factory named by "package.module:factory" (a function or a class, called with the
     example dict). The module must be the user's own (the checks of data/rewards.py's
     load_reward_fn) or jaxrl_scale.data.envs. ValueError naming what is wrong."""
-    from jaxrl_scale.data.rewards import _check_user_module
+    from jaxrl_scale.data.rewards import import_user_module
     module_name, sep, attr = spec.partition(":")
     if not (sep and module_name and attr.isidentifier()):
         raise ValueError(f"{spec!r} is not of the form 'package.module:factory'")
-    if not spec.startswith(_OWN_ENVS_PREFIX):
-        if os.getcwd() not in sys.path and "" not in sys.path:
-            sys.path.append(os.getcwd())   # last: the cwd never shadows an installed module
-        _check_user_module(module_name, spec)
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 - the user's module: any import error is theirs
-        raise ValueError(f"cannot import {module_name!r} ({type(e).__name__}: {e})") from None
+    module = import_user_module(module_name, spec, own=spec.startswith(_OWN_ENVS_PREFIX))
     fn = getattr(module, attr, None)
     if not (inspect.isfunction(fn) or inspect.isclass(fn)):
         raise ValueError(f"{module_name!r} has no function or class {attr!r}")
