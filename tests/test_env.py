@@ -1,18 +1,20 @@
 """Multi-turn rollouts (--env, rl/multiturn.py; sampling/turns.py): a one-turn environment is
 today's single-turn rollout bit for bit, the KV-cache continuation equals a full forward over
 the whole conversation, observations never enter the loss, and a broken environment ends only
-its own episode."""
+its own episode, under either isolation (a thread, or a worker process that is killed)."""
 import functools
+import multiprocessing
 import os
 import subprocess
 import sys
-import threading
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from env_helpers import OBS, RELEASE, Broken, Echo, Talk, first_char
 from numerics import assert_tree_close, permute_mlp, reorder_floor, tree_norm
 
 from jaxrl_scale.data import envs
@@ -22,8 +24,8 @@ from jaxrl_scale.models import forward, get_config, init_params
 from jaxrl_scale.models.tokenizer import CharTokenizer
 from jaxrl_scale.rl import steps
 from jaxrl_scale.rl.batch import rollout_batch
-from jaxrl_scale.rl.multiturn import (EnvRollout, EnvRunner, ObservationCodec, load_env_factory,
-                                      mask_observations, score_episodes)
+from jaxrl_scale.rl.multiturn import (EnvRollout, EnvRunner, ObservationCodec, env_for_run,
+                                      load_env_factory, mask_observations, score_episodes)
 from jaxrl_scale.rl.rollout import SamplingSettings, generate_rollout, score_rollout
 from jaxrl_scale.sampling import SamplingConfig
 
@@ -32,7 +34,6 @@ EXAMPLES = [{"prompt": "12+34=", "answer": "46"}, {"prompt": "7-5=", "answer": "
             {"prompt": "40+22=", "answer": "62"}, {"prompt": "9+9=", "answer": "18"}]
 G, M = 2, 40
 PROMPT_LEN = 8
-OBS = "wrong, try again"   # every test's observation: the retry example's (one feed shape)
 # One runner shape for every test (8 rows in calls of 4, M, the turn and observation caps),
 # so the conversation functions compile once for the file; each turn samples TURN tokens.
 RUNNER = dict(max_turns=3, max_obs_tokens=16, max_prompt_len=PROMPT_LEN)
@@ -57,11 +58,6 @@ def settings(chunk=4, eos=False, budget=M):
                             TOK.pad_id, chunk)
 
 
-def first_char(text, example):
-    """A reward that varies between samples (so GRPO's advantages are not all 0)."""
-    return float(len(text) > 0 and text[0] in "0123456789+-=")
-
-
 class OneTurn:
     def __init__(self, example):
         self.example = example
@@ -71,20 +67,6 @@ class OneTurn:
 
     def step(self, text):
         return "", first_char(text, self.example), True
-
-
-class Talk:
-    """Answers every assistant turn with OBS and reward 1, done after 3 turns."""
-
-    def __init__(self, example):
-        self.example, self.n = example, 0
-
-    def reset(self):
-        return self.example["prompt"]
-
-    def step(self, text):
-        self.n += 1
-        return OBS, 1.0, self.n >= 3
 
 
 def test_one_turn_env_equals_single_turn_rollout(model):
@@ -184,40 +166,6 @@ def test_continuation_equals_full_forward_and_masks_observations(model):
     np.testing.assert_array_equal(batch.loss_mask_BT[:, PROMPT_LEN:], r.assistant_BM)
 
 
-RELEASE = threading.Event()
-
-
-class Broken:
-    """Behaviour by the example's "kind"; "ok" is a well-behaved two-turn episode."""
-
-    def __init__(self, example):
-        self.kind, self.n = example["kind"], 0
-        if self.kind == "init_raises":
-            raise RuntimeError("cannot build")
-
-    def reset(self):
-        if self.kind == "reset_type":
-            return 42
-        return "1+1="
-
-    def step(self, text):
-        self.n += 1
-        kind = self.kind if self.n >= 2 or self.kind == "raises" else "ok"
-        if kind == "raises":
-            raise ValueError("bad step")
-        if kind == "hangs":
-            RELEASE.wait(60)
-        if kind == "wrong_types":
-            return 1.0, "obs", None
-        if kind == "nan_reward":
-            return "", float("nan"), True
-        if kind == "huge":
-            return "x" * 100_000, 0.0, False
-        if kind == "long_obs":
-            return "y" * 17, 0.0, False
-        return OBS, 0.5, self.n >= 3
-
-
 KINDS = ["ok", "init_raises", "reset_type", "raises", "hangs", "wrong_types", "huge",
          "long_obs"]
 
@@ -249,6 +197,127 @@ def test_bad_environments_end_only_their_episode(model):
     assert (again.rewards_B == 1.5).all() and again.fields()["env_failures"] == 0
 
 
+def _alive(pid):
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:   # gone meanwhile, or no /proc
+        return True
+
+
+# Rows in calls of 4: the thread test's broken kinds, plus a call that sleeps for good (the
+# hang is killed, not abandoned) and a process that exits, beside 8 healthy episodes. The last
+# call holds the exit alone, so its error is the rollout's last.
+PROCESS_ROWS = ["ok", "init_raises", "ok", "reset_type", "ok", "raises", "ok", "sleeps",
+                "wrong_types", "huge", "long_obs", "ok", "ok", "exits", "ok", "ok"]
+
+
+def test_process_isolation_kills_a_hung_environment_and_ends_only_its_episode(model, tmp_path):
+    """--env_isolation=process: a step that sleeps for good is killed when the episode's time
+    is up (reward 0, one env_timeout; its process, and the one it started, are gone after the
+    rollout); a process that calls os._exit(1) ends only its episode (a failure, not a
+    timeout); raising, wrong types and observations over the cap count as under threads. The
+    healthy episodes' tokens, log-probs and rewards equal those of a run where every
+    environment is healthy, no worker process is left, and the runner keeps working."""
+    cfg, params = model
+    rows = [{"kind": k, "prompt": "1+1=", "answer": "2", "pid_dir": str(tmp_path)}
+            for k in PROCESS_ROWS]
+    runner = EnvRunner(Broken, timeout_s=2.0, turn_tokens=TURN, isolation="process", **RUNNER)
+    r = runner.rollout(cfg, params, rows, 1, TOK, settings(), seed=0)
+    assert multiprocessing.active_children() == []
+    for kind in ("sleeps", "sleeps_child", "exits", "ok"):
+        assert not _alive(int((tmp_path / kind).read_text())), kind
+    st = r.fields()
+    bad = len(PROCESS_ROWS) - PROCESS_ROWS.count("ok")
+    assert st["env_failures"] == runner.failures == bad and st["env_timeouts"] == 1
+    assert "process died (exit code 1)" in runner.last_error
+    assert st["env_s"] >= 1.5          # the sleeping call was waited on for the episode's budget
+    ok = np.array([k == "ok" for k in PROCESS_ROWS])
+    np.testing.assert_array_equal(r.rewards_B[~ok], 0.0)
+    healthy = runner.rollout(cfg, params, [dict(rows[0])] * len(rows), 1, TOK, settings(),
+                             seed=0)
+    assert healthy.fields()["env_failures"] == 0 and (healthy.rewards_B == 1.5).all()
+    for f in ("tokens_BM", "logprobs_BM", "lengths_B", "assistant_BM", "rewards_B"):
+        np.testing.assert_array_equal(getattr(r, f)[ok], getattr(healthy, f)[ok], err_msg=f)
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("factory", [Echo, envs.retry, envs.calc],
+                         ids=["echo", "retry", "calc"])
+def test_thread_and_process_isolation_give_the_same_rollout(model, factory):
+    """A well-behaved environment (episodes of different lengths; the built-in ones) gives the
+    same tokens, log-probs, observations and rewards on threads and in worker processes."""
+    cfg, params = model
+    got = {}
+    for isolation in ("thread", "process"):
+        runner = EnvRunner(factory, timeout_s=30.0, turn_tokens=TURN, isolation=isolation,
+                           **RUNNER)
+        got[isolation] = runner.rollout(cfg, params, EXAMPLES, G, TOK, settings(), seed=3)
+    a, b = got["thread"], got["process"]
+    for f in ("tokens_BM", "logprobs_BM", "lengths_B", "assistant_BM", "rewards_B"):
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
+    assert a.prompts == b.prompts
+    fa, fb = a.fields(), b.fields()
+    assert fa.pop("env_s") >= 0 and fb.pop("env_s") >= 0 and fa == fb
+    assert fa["env_failures"] == 0
+    if factory is Echo:   # episodes end at different turns: some rows sit out later turns
+        assert 1 < fa["env_turns"] < 3 and len(set(a.lengths_B)) > 1
+    if factory is envs.calc:
+        assert fa["env_tool_calls"] == 0.0   # the count crosses from the worker process
+    assert multiprocessing.active_children() == []
+
+
+def test_process_isolation_is_the_default_for_a_users_module_and_needs_a_loadable_factory():
+    user = "tests.env_helpers:Echo"
+    for env, flags, want in ((user, dict(), "process"),
+                             ("jaxrl_scale.data.envs:retry", dict(), "thread"),
+                             (user, dict(env_isolation="thread"), "thread"),
+                             ("jaxrl_scale.data.envs:retry", dict(env_isolation="process"),
+                              "process")):
+        cfg = TrainConfig.make(env=env, **flags)
+        assert env_for_run(cfg, TOK, PROMPT_LEN).isolation == want, (env, flags)
+    with pytest.raises(ValueError, match="top level"):
+        EnvRunner(lambda example: Echo(example), isolation="process")
+    with pytest.raises(ValueError, match="isolation"):
+        EnvRunner(Echo, isolation="fork")
+    EnvRunner(lambda example: Echo(example), isolation="thread")   # threads take any callable
+
+
+_ORPHAN = """
+import os, sys, time
+from env_helpers import Broken
+from jaxrl_scale.data.env_runner import ProcessHosts
+hosts = ProcessHosts(Broken, 512)
+hs = hosts.open(1)
+for op in [("reset", {"kind": "sleeps"}), ("step", "a")]:   # the second step sleeps
+    assert hosts.call(hs, [op], [60.0])[0].error is None
+hs[0].conn.send(("step", "b"))
+time.sleep(0.5)
+print(hs[0].proc.pid, flush=True)
+os._exit(0)   # the runner dies in the middle of the call, cleaning nothing up
+"""
+
+
+def test_a_worker_process_outlives_no_runner():
+    """A worker stuck in a call exits on its own once the runner is gone (killed, crashed)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(here), here, os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run([sys.executable, "-c", _ORPHAN], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    pid = int(res.stdout.split()[-1])
+    end = time.monotonic() + 30
+    while _alive(pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
 def test_retry_env_example_runs(model):
     """The docs' example environment (data/envs.py), loaded as --env loads it: a wrong answer
     gets "wrong, try again" up to TRIES answers; a right one ends the episode with reward 1."""
@@ -269,29 +338,16 @@ def test_retry_env_example_runs(model):
 
 @pytest.mark.parametrize("flags, field", [
     (dict(env="nosuchmodule_xyz:make"), "env"),
-    (dict(env="jaxrl_scale.data.envs:retry", rollout="engine"), "env"),
-    (dict(env="jaxrl_scale.data.envs:retry", gen_batch_ratio=2), "env"),
     (dict(env="jaxrl_scale.data.envs:retry", refill=True, refill_cap=2), "refill"),
     (dict(env="jaxrl_scale.data.envs:retry", env_max_turns=0), "env_max_turns"),
     (dict(env="jaxrl_scale.data.envs:retry", env_max_obs_tokens=0), "env_max_obs_tokens"),
-    (dict(env="jaxrl_scale.data.envs:retry", env_timeout_s=0.0), "env_timeout_s")])
+    (dict(env="jaxrl_scale.data.envs:retry", env_timeout_s=0.0), "env_timeout_s"),
+    (dict(env="jaxrl_scale.data.envs:retry", env_isolation="fork"), "env_isolation")])
 def test_bad_env_flags_name_the_flag(flags, field):
     with pytest.raises(ConfigError) as e:
         validate(TrainConfig.make(**flags))
     assert e.value.field == field
     validate(TrainConfig.make(env="jaxrl_scale.data.envs:retry"))   # the good one passes
-
-
-def test_env_with_the_slot_engine_exits_2_in_one_line(tmp_path):
-    exe = os.path.join(os.path.dirname(sys.executable), "jaxrl-train")
-    if not os.path.exists(exe):
-        pytest.skip("jaxrl-train is not installed (pip install -e .)")
-    res = subprocess.run([exe, "--env=jaxrl_scale.data.envs:retry", "--rollout=engine"],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    lines = [line for line in res.stderr.splitlines() if line.strip()]
-    assert res.returncode == 2 and len(lines) == 1, res.stderr
-    assert lines[0].startswith("error: env: ") and "--rollout=generate" in lines[0]
-    assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize("family", ["qwen2.5", "qwen3", "llama3"])

@@ -21,7 +21,7 @@ from jaxrl_scale.rl.steps import LossConfig, StepOptions, grpo_step
 from jaxrl_scale.sampling import generate
 
 TIME_KEYS = {"time_s", "gen_s", "decode_s", "train_s", "update_s", "eval_s", "compile_s",
-             "reward_s"}
+             "reward_s", "reward_wait_s"}
 
 
 @pytest.fixture(scope="module")

@@ -128,6 +128,7 @@ class BatchReward:
         self.last_error: str | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()     # the counters, from the pool's threads
+        self._call_lock = threading.Lock()  # one score_batch at a time, from any thread
 
     def _fail(self, n: int, msg: str, *, timeout: bool = False) -> None:
         with self._lock:
@@ -177,27 +178,38 @@ class BatchReward:
     def score_batch(self, responses: Sequence[str], examples: Sequence[dict[str, Any]]
                     ) -> np.ndarray:
         """float32 [N]; `examples` has N entries, or P with N = P*G responses prompt-major."""
+        return self.score_counted(responses, examples)[0]
+
+    def score_counted(self, responses: Sequence[str], examples: Sequence[dict[str, Any]]
+                      ) -> tuple[np.ndarray, int]:
+        """(score_batch's rewards, the failures of this call). Calls from several threads
+        (rl/scoring.py's worker, an eval on the main thread) run one at a time, so each
+        call's failures and `seconds` are its own."""
         n, p = len(responses), len(examples)
         if p == 0 or n % p:
             raise ValueError(f"score_batch: {n} responses do not match {p} examples "
                              "(need N == P or N == P*G)")
         pairs = [(responses[i], examples[i // (n // p)]) for i in range(n)]
-        t0 = time.perf_counter()
-        self.calls += n
-        try:
-            out = self._score(pairs)
-        except Exception as e:  # noqa: BLE001 - a reward never crashes the run
-            out = [None] * n
-            self._fail(n, f"{type(e).__name__}: {e}")
-        self.seconds += time.perf_counter() - t0
-        return np.asarray([0.0 if v is None else v for v in out], np.float32)
+        with self._call_lock:
+            t0, before = time.perf_counter(), self.failures
+            self.calls += n
+            try:
+                out = self._score(pairs)
+            except Exception as e:  # noqa: BLE001 - a reward never crashes the run
+                out = [None] * n
+                self._fail(n, f"{type(e).__name__}: {e}")
+            self.seconds += time.perf_counter() - t0
+            failed = self.failures - before
+        return np.asarray([0.0 if v is None else v for v in out], np.float32), failed
 
     def __call__(self, response: str, example: dict[str, Any]) -> float:
         return float(self.score_batch([response], [example])[0])
 
     def lap(self) -> float:
-        """Seconds in score_batch since the last lap (or the start)."""
-        dt, self._lap_start = self.seconds - self._lap_start, self.seconds
+        """Seconds in score_batch since the last lap (or the start); a call counts in the lap
+        it ends in (no lock: a lap never waits for a call under way on another thread)."""
+        now = self.seconds   # read once: a worker may add to it meanwhile
+        dt, self._lap_start = now - self._lap_start, now
         return dt
 
     def metrics(self) -> dict[str, int]:

@@ -69,6 +69,12 @@ def _process_main(conn: multiprocessing.connection.Connection, warmup: Callable 
     except BaseException as e:  # noqa: BLE001
         conn.send(("error", f"warm-up failed: {type(e).__name__}: {e}"))
         return
+    serve_calls(conn, lambda msg: msg[0](*msg[1]))
+
+
+def serve_calls(conn: multiprocessing.connection.Connection, call: Callable[[Any], Any]) -> None:
+    """A worker process's loop: answer each message with ("ok", call(msg)) or ("error",
+    "Type: message") until told to stop (None) or the pipe closes."""
     while True:
         try:
             msg = conn.recv()
@@ -76,15 +82,14 @@ def _process_main(conn: multiprocessing.connection.Connection, warmup: Callable 
             return
         if msg is None:
             return
-        fn, args = msg
         try:
-            out = ("ok", fn(*args))
+            out = ("ok", call(msg))
         except BaseException as e:  # noqa: BLE001 - sent back to the parent
             out = ("error", f"{type(e).__name__}: {e}")
         try:
             conn.send(out)
         except Exception as e:  # noqa: BLE001 - e.g. an unpicklable result
-            conn.send(("error", f"cannot send the result back: {e}"))
+            conn.send(("error", f"cannot send the result back: {type(e).__name__}: {e}"))
 
 
 class _ProcessWorker:
@@ -220,6 +225,14 @@ class RewardFn:
     ) -> np.ndarray:
         """float32 [N] rewards. `examples` has N entries, or P entries with N = P*G responses in
         prompt-major order (responses i*G .. i*G+G-1 answer examples[i])."""
+        return self.score_counted(responses, examples)[0]
+
+    def score_counted(
+        self, responses: Sequence[str], examples: Sequence[dict[str, Any]]
+    ) -> tuple[np.ndarray, int]:
+        """(score_batch's rewards, the failures of this call). Calls from several threads
+        (rl/scoring.py's worker, an eval on the main thread) run one at a time, so each
+        call's failures and `seconds` are its own and the workers are never shared."""
         n, p = len(responses), len(examples)
         if p == 0 or n % p:
             raise ValueError(
@@ -228,7 +241,7 @@ class RewardFn:
         group = n // p
         pairs = [(responses[i], examples[i // group]) for i in range(n)]
         with self._lock:
-            t0 = time.perf_counter()
+            t0, before = time.perf_counter(), self.failures
             self.calls += n
             if self.timeout_s is None:
                 out = [self._inline(r, e) for r, e in pairs]
@@ -237,11 +250,15 @@ class RewardFn:
             else:
                 out = self._in_processes(pairs)
             self.seconds += time.perf_counter() - t0
-        return np.asarray(out, dtype=np.float32)
+            failed = self.failures - before
+        return np.asarray(out, dtype=np.float32), failed
 
     def lap(self) -> float:
-        """Seconds in score_batch since the last lap (or the start)."""
-        dt, self._lap_start = self.seconds - self._lap_start, self.seconds
+        """Seconds in score_batch since the last lap (or the start); a call counts in the lap
+        it ends in. Takes no lock: a lap never waits for a call under way on another
+        thread."""
+        now = self.seconds   # read once: a worker may add to it meanwhile
+        dt, self._lap_start = now - self._lap_start, now
         return dt
 
     def _inline(self, response: str, example: dict[str, Any]) -> float:

@@ -160,8 +160,8 @@ def check_reward(cfg: TrainConfig) -> None:
 
 
 def check_env(cfg: TrainConfig) -> None:
-    """--env names an importable factory, and runs on the synchronous rollout only (the slot
-    engine, DAPO refill rounds and the exact eval score single responses)."""
+    """--env names an importable factory, and runs without DAPO refill rounds and the exact
+    eval (they score single responses); the slot engine runs episodes (rl/partial_turns.py)."""
     if not cfg.env:
         return
     from jaxrl_scale.rl.multiturn import load_env_factory
@@ -170,10 +170,6 @@ def check_env(cfg: TrainConfig) -> None:
     except ValueError as e:
         raise _err("env", str(e), "pass --env=package.module:factory, importable from the "
                    "working directory or PYTHONPATH") from None
-    if cfg.use_engine:
-        raise _err("env", "multi-turn episodes run on the synchronous rollout only, and this "
-                   "run asks for the slot engine (--rollout, --gen_batch_ratio, --max_staleness)",
-                   "use --rollout=generate --gen_batch_ratio=1, or drop --env")
     for field, on, fix in (("refill", cfg.refill, "drop --refill"),
                            ("eval_mode", cfg.eval_mode == "exact", "use --eval_mode=sampled")):
         if on:

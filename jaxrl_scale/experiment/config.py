@@ -101,14 +101,24 @@ class TrainConfig:
     reward_concurrency: int = 4
     reward_retries: int = 2
     reward_batch_size: int = 0
+    # Score rewards on a worker thread while decoding continues (rl/scoring.py): the slot
+    # engine's groups as they finish, generate's chunks as they reach the host. Same rewards;
+    # off (or multi-process, or --env) scores after the rollout.
+    reward_overlap: bool = True
     # Multi-turn episodes (rl/multiturn.py): "package.module:factory", factory(example) ->
     # an object with reset() -> str and step(text) -> (observation, reward, done); at most
     # env_max_turns assistant turns, env_max_obs_tokens per observation, env_timeout_s of
     # environment time per episode. The episode's reward is the sum of its step rewards.
+    # env_isolation: each episode's environment in a worker process of its own, killed when
+    # a call outlives the episode's time ("process"), or on a thread of its own ("thread": a
+    # hung call is abandoned, not killed); "auto": thread for the library's own environments
+    # (bounded, trusted code, as the built-in rewards run inline), process for any other
+    # module; data/env_runner.py.
     env: str = ""
     env_max_turns: int = 4
     env_max_obs_tokens: int = 256
     env_timeout_s: float = 60.0
+    env_isolation: str = "auto"
     # --- model
     model: str = "rl_cpu"              # preset name, used when no checkpoint is given
     hf_checkpoint: str = ""            # HF directory (config.json + safetensors)
@@ -404,6 +414,7 @@ def _enums() -> dict[str, tuple]:
     from jaxrl_scale.models.remat import CHOICES as REMAT_CHOICES
     return {"algo": ALGOS, "rollout": ROLLOUTS, "lr_rule": ADAM_RULES, "wandb_mode": WANDB_MODES,
             "eval_mode": EVAL_MODES, "judge_parse": ("number", "yes_no"),
+            "env_isolation": ("auto", "thread", "process"),
             "moe_dispatch": MOE_DISPATCHES, "remat": REMAT_CHOICES,
             **LOSS_CHOICES}   # the loss's choices: one table, rl/config.py
 

@@ -59,9 +59,10 @@ from jaxrl_scale.rl.batch import RolloutBatch, check_shared_prompts, rollout_bat
 from jaxrl_scale.rl.config import StepOptions
 from jaxrl_scale.rl.multiturn import env_for_run, mask_observations, score_episodes
 from jaxrl_scale.rl.packed import PackedGRPO
-from jaxrl_scale.rl.partial import PartialRollout
+from jaxrl_scale.rl.partial_turns import slot_rollout
 from jaxrl_scale.rl.refill import Refill, refill_rollout
 from jaxrl_scale.rl.rollout import LoopState, Rollout, SamplingSettings, generate_rollout
+from jaxrl_scale.rl.scoring import scorer_for_run
 from jaxrl_scale.rl.state import state_shardings
 from jaxrl_scale.rl.steps import grpo_step, make_train_step, ppo_step, score_tokens
 from jaxrl_scale.rl.value import init_critic_from_actor
@@ -100,6 +101,7 @@ class Run:
                                    cfg.seed)
         self.reward_fn = reward_for_run(cfg, self.tok)   # task, function, server, judge, model
         self.env = env_for_run(cfg, self.tok, self.prompt_len)      # --env: multi-turn episodes
+        self.scorer = scorer_for_run(cfg, self.tok, self.reward_fn)  # rewards during decode
         params = start_params(cfg, self.model_cfg, self.mesh)
         self.eval_rows = [self.test_src[i] for i in range(min(cfg.eval_prompts,
                                                               len(self.test_src)))]
@@ -152,10 +154,11 @@ class Run:
                                 max_new_tokens=cfg.max_new_tokens, sampling=cfg.sampling,
                                 eos_id=self.tok.eos_id, pad_id=self.tok.pad_id, mesh=self.mesh,
                                 steps_per_call=cfg.engine_steps)
-            self.partial = PartialRollout(
+            self.partial = slot_rollout(   # with --env: episodes (rl/partial_turns.py)
                 engine, lambda: self.stream.next_batch()[0], self.tok.encode_prompt,
-                prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
-                max_staleness=cfg.staleness_bound, recompute_kv=cfg.recompute_kv)
+                env=self.env, tokenizer=self.tok, prompts_per_step=cfg.prompts_per_step,
+                group_size=cfg.group_size, max_staleness=cfg.staleness_bound,
+                recompute_kv=cfg.recompute_kv, scorer=self.scorer)
 
     def _options(self, cfg: TrainConfig) -> StepOptions:
         """The update's static options at cfg's batch: updates_per_rollout = U minibatches of
@@ -270,7 +273,8 @@ class Run:
             sizes = {cfg.prompts_per_step, cfg.refill_round if cfg.refill else 0} - {0}
             for n in sorted(sizes):   # the step's rollout, and a refill round's when it differs
                 warm = [self.train_src[0]] * n   # a real row: an --env factory reads it
-                self.sample(params, warm, cfg.group_size, 0, cfg.sampling.temperature)
+                self.sample(params, warm, cfg.group_size, 0, cfg.sampling.temperature,
+                            score=False)
         if self.score_ref is not None:
             dummy = jax.device_put(self._dummy_batch(), shd.batch_sharding(self.mesh))
             self.score_ref(self.ref_params, dummy.tokens_BT, dummy.valid_BT)
@@ -278,19 +282,24 @@ class Run:
 
     # ------------------------------------------------------------------ rollout + update
 
-    def sample(self, params, examples, group: int, seed, temperature: float) -> Rollout:
+    def sample(self, params, examples, group: int, seed, temperature: float,
+               score: bool = True) -> Rollout:
         """`generate` over examples x group samples at `temperature`
-        (rl/rollout.generate_rollout), or --env's episodes (rl/multiturn.py)."""
+        (rl/rollout.generate_rollout, its chunks scored as they decode unless not `score`), or
+        --env's episodes (rl/multiturn.py)."""
         if self.env is not None:
             return self.env.rollout(self.model_cfg, params, examples, group, self.tok,
                                     self.sampling.with_temperature(temperature), seed=seed,
                                     mesh=self.mesh)
         return generate_rollout(self.model_cfg, params, examples, group, self.tok.encode_prompt,
                                 self.sampling.with_temperature(temperature), seed=seed,
-                                mesh=self.mesh)
+                                mesh=self.mesh, scorer=self.scorer if score else None)
 
     def rewards(self, r: Rollout) -> tuple[np.ndarray, int]:
-        """(rewards of all B rows, reward calls that failed on every process)."""
+        """(rewards of all B rows, reward calls that failed on every process): those the
+        rollout carries (scored during its decode, or an episode's), else scored now."""
+        if r.rewards_B is not None:
+            return np.asarray(r.rewards_B, np.float32), r.reward_failures
         return score_episodes(r, self.tok, self.reward_fn)
 
     def rollout(self, params, step: int, seed) -> Rollout:

@@ -20,17 +20,20 @@ episodes of one example; rows are prompt-major, in calls of at most settings.chu
 `generate_rollout`'s seeds, so an environment that ends after one step reproduces the
 single-turn rollout exactly.
 
-Failures: every reset/step runs on the episode's own daemon thread (data/reward_runner's
-worker, as `--reward_fn` runs), waited on for what is left of the episode's `timeout_s` of
-environment time. A call that raises, outlives that budget, returns the wrong types (or a
-reward that is not a finite real number: reward_runner.reward_problem), or an observation
-over `max_obs_tokens` tokens ends that episode alone with reward 0 and counts in
-env_failures (env_timeouts). A hung call is abandoned, not killed (as thread-isolated rewards
-are), so it may keep a CPU busy.
+Isolation (data/env_runner.py, `--env_isolation`): each episode's environment lives in a
+worker process of its own ("process", forked from a clean fork server; a call that outlives
+the episode's budget kills that process, and with it only that episode) or on a daemon thread
+of its own ("thread": a hung call is abandoned, not killed, so it may keep a CPU busy). Every
+turn's calls go to all live episodes at once, each waited on for what is left of its own
+episode's `timeout_s` of environment time (the time of its own calls, timed where they ran).
+
+Failures: a call that raises, outlives that budget, returns the wrong types (or a reward that
+is not a finite real number: reward_runner.reward_problem), an observation over
+`max_obs_tokens` tokens, or a worker process that dies (segfault, os._exit, the OOM killer)
+ends that episode alone with reward 0 and counts in env_failures (env_timeouts).
 """
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import inspect
 import logging
@@ -41,7 +44,8 @@ import flax.struct
 import jax
 import numpy as np
 
-from jaxrl_scale.data.reward_runner import _ThreadWorker, reward_problem
+from jaxrl_scale.data.env_runner import make_hosts
+from jaxrl_scale.data.reward_runner import reward_problem
 from jaxrl_scale.experiment.errors import ConfigError
 from jaxrl_scale.models.tokenizer import decode_response
 from jaxrl_scale.rl.rollout import Rollout, SamplingSettings, _as_key
@@ -147,8 +151,8 @@ class ObservationCodec:
 @dataclasses.dataclass
 class _Episode:
     example: dict
-    worker: Optional[_ThreadWorker] = None
-    env: Any = None
+    host: Any = None                  # where its environment lives (data/env_runner.py)
+    tool_calls: Optional[int] = None  # the environment's count, where it keeps one
     spent_s: float = 0.0
     reward: float = 0.0
     turns: int = 0
@@ -159,16 +163,22 @@ class _Episode:
 class EnvRunner:
     """Runs episodes of `factory` for the synchronous rollout (see the module docstring).
     max_prompt_len: the longest first message (tokens) the run's batch holds; turn_tokens:
-    the most tokens one assistant turn may sample (None: what is left of the budget)."""
+    the most tokens one assistant turn may sample (None: what is left of the budget);
+    isolation: "thread" or "process" (data/env_runner.py; ValueError for a factory a worker
+    process cannot load by name)."""
 
     def __init__(self, factory: Callable[[dict], Any], *, name: str = "env",
                  max_turns: int = 4, max_obs_tokens: int = 256, timeout_s: float = 60.0,
-                 max_prompt_len: int | None = None, turn_tokens: int | None = None):
+                 max_prompt_len: int | None = None, turn_tokens: int | None = None,
+                 isolation: str = "thread"):
         self.factory, self.name = factory, name
+        self.isolation = isolation
+        self.hosts = make_hosts(isolation, factory, MAX_CHARS_PER_TOKEN * int(max_obs_tokens))
         self.turn_tokens = turn_tokens   # one assistant turn's cap (None: the episode budget)
         self.max_turns, self.max_obs_tokens = int(max_turns), int(max_obs_tokens)
         self.timeout_s, self.max_prompt_len = float(timeout_s), max_prompt_len
         self.failures = self.timeouts = 0   # cumulative, every rollout (evals included)
+        self.host_s = 0.0   # seconds starting and ending hosts (worker processes), cumulative
         self.last_error: str | None = None
 
     # -- the environment side ------------------------------------------------------------
@@ -185,52 +195,55 @@ class EnvRunner:
             log.warning("environment %s failed (episode reward 0): %s", self.name, msg)
         self._close(ep)
 
-    @staticmethod
-    def _close(ep: _Episode) -> None:
-        if ep.worker is not None:
-            ep.worker.abandon()   # the thread exits once its call (if stuck) returns
-            ep.worker = None
+    def _close(self, ep: _Episode) -> None:
+        self._close_all([ep])
 
-    def _calls(self, eps: Sequence[_Episode], fn: Callable, args: Sequence[tuple],
-               stats: dict) -> list:
-        """fn(*args[i]) on each episode's worker, side by side, each waited on until what is
-        left of its own episode's budget has passed (an episode is charged the time of its
-        own calls, timed on its thread). Returns each result, or None where the episode
-        failed (counted)."""
+    def _close_all(self, eps: Sequence[_Episode]) -> None:
+        """End the episodes' hosts (a thread exits once its call, if stuck, returns; a worker
+        process exits, or is killed, and is reaped)."""
+        hosts = [ep.host for ep in eps if ep.host is not None]
+        for ep in eps:
+            ep.host = None
+        if hosts:
+            t0 = time.perf_counter()
+            self.hosts.close(hosts)
+            self.host_s += time.perf_counter() - t0
+
+    def _calls(self, eps: Sequence[_Episode], ops: Sequence[tuple], stats: dict) -> list:
+        """ops[i] ("reset", example) or ("step", text) on each episode's host, side by side,
+        each waited on until what is left of its own episode's budget has passed (an episode
+        is charged the time of its own calls, timed where they ran). Returns each Reply
+        (data/env_runner.py), or None where the episode failed (counted)."""
         t0 = time.perf_counter()
-        futs = [ep.worker.submit(_timed, fn, *a) for ep, a in zip(eps, args)]
+        got = self.hosts.call([ep.host for ep in eps], ops,
+                              [self.timeout_s - ep.spent_s for ep in eps])
         out = []
-        for ep, fut in zip(eps, futs):
-            deadline = t0 + self.timeout_s - ep.spent_s
-            v = None
-            try:
-                v, dt = fut.result(timeout=max(deadline - time.perf_counter(), 0.0))
-                ep.spent_s += dt
-                if ep.spent_s > self.timeout_s:   # done, but after the budget ran out
-                    raise concurrent.futures.TimeoutError
-            except concurrent.futures.TimeoutError:
-                v, ep.spent_s = None, self.timeout_s
+        for ep, r in zip(eps, got):
+            if r.error is None:
+                ep.spent_s += r.seconds
+                ep.tool_calls = r.tool_calls
+            if r.timeout or (r.error is None and ep.spent_s > self.timeout_s):
+                r, ep.spent_s = None, self.timeout_s   # (or done after the budget ran out)
                 self._fail(ep, stats, f"no answer within the episode's {self.timeout_s:g} s",
                            timeout=True)
-            except Exception as e:  # noqa: BLE001 - an environment never crashes the run
-                self._fail(ep, stats, f"{type(e).__name__}: {e}")
-            out.append(v)
+            elif r.error is not None:
+                self._fail(ep, stats, r.error)
+                r = None
+            out.append(r)
         stats["env_s"] += time.perf_counter() - t0
         return out
 
     def _reset_all(self, eps: list[_Episode], stats: dict) -> list[Optional[str]]:
-        for ep in eps:
-            ep.worker = _ThreadWorker()
-
-        def reset(factory, example):
-            env = factory(example)
-            return env, env.reset()
-        got = self._calls(eps, reset, [(self.factory, ep.example) for ep in eps], stats)
+        t0 = time.perf_counter()
+        for ep, host in zip(eps, self.hosts.open(len(eps))):
+            ep.host = host
+        self.host_s += time.perf_counter() - t0
+        got = self._calls(eps, [("reset", ep.example) for ep in eps], stats)
         first = []
-        for ep, v in zip(eps, got):
+        for ep, r in zip(eps, got):
             msg = None
-            if v is not None:
-                ep.env, msg = v
+            if r is not None:
+                msg = r.value
                 if not isinstance(msg, str):
                     self._fail(ep, stats, f"reset() returned {type(msg).__name__}, not str")
                     msg = None
@@ -239,16 +252,16 @@ class EnvRunner:
 
     def _step_all(self, eps: list[_Episode], texts: list[str], stats: dict) -> list:
         """(observation, done) per episode (None where it failed); rewards accumulate."""
-        got = self._calls(eps, lambda env, t: env.step(t), [(ep.env, t) for ep, t in
-                                                            zip(eps, texts)], stats)
+        got = self._calls(eps, [("step", t) for t in texts], stats)
         out = []
-        for ep, v in zip(eps, got):
+        for ep, r in zip(eps, got):
             if ep.failed:
                 out.append(None)
                 continue
+            v = r.value
             problem = _step_problem(v)
-            if problem is None and len(v[0]) > MAX_CHARS_PER_TOKEN * self.max_obs_tokens:
-                problem = f"an observation of {len(v[0])} characters"
+            if problem is None and r.chars > MAX_CHARS_PER_TOKEN * self.max_obs_tokens:
+                problem = f"an observation of {r.chars} characters"
             if problem is not None:
                 self._fail(ep, stats, f"step() {problem}")
                 out.append(None)
@@ -277,16 +290,21 @@ class EnvRunner:
         turns_B, obs_B = np.zeros((B,), np.int32), np.zeros((B,), np.int32)
         codec = ObservationCodec(tokenizer)
         calls: list = []   # each episode's env.tool_calls, where its environment counts them
-        t0 = time.perf_counter()
+        t0, host_s = time.perf_counter(), self.host_s
         for i in range(0, B, chunk):
             key = seed if B <= chunk else jax.random.fold_in(_as_key(seed), i // chunk)
             sl = slice(i, min(i + chunk, B))
             eps, prompts[sl] = self._start(model_cfg, rows[sl], tokenizer, settings, stats,
                                            (group - i % group) % group, group)
-            self._episodes(model_cfg, params, tokenizer, codec, settings, key, mesh, stats,
-                           eps, prompts[sl], out=(tokens_BM[sl], logps_BM[sl], assistant_BM[sl],
-                                             lengths_B[sl], rewards_B[sl], turns_B[sl], obs_B[sl]))
-            calls += [getattr(ep.env, "tool_calls", None) for ep in eps]
+            try:
+                self._episodes(model_cfg, params, tokenizer, codec, settings, key, mesh, stats,
+                               eps, prompts[sl], out=(tokens_BM[sl], logps_BM[sl],
+                                                      assistant_BM[sl], lengths_B[sl],
+                                                      rewards_B[sl], turns_B[sl], obs_B[sl]))
+            finally:   # an interrupted rollout leaves no worker behind
+                self._close_all(eps)
+            calls += [ep.tool_calls for ep in eps]
+        stats["env_s"] += self.host_s - host_s   # starting and ending worker processes
         stats.update(env_turns=float(turns_B.mean()), env_obs_tokens=float(obs_B.mean()))
         if any(isinstance(c, int) for c in calls):   # a tool environment (data/tools.py)
             stats["env_tool_calls"] = float(np.mean([c if isinstance(c, int) else 0
@@ -304,7 +322,12 @@ class EnvRunner:
         never decodes. lead: the rows before the first group that starts in `rows`."""
         eps = [_Episode(example=e) for e in rows]
         ids: list = [None] * len(rows)
-        for b, (ep, msg) in enumerate(zip(eps, self._reset_all(eps, stats))):
+        try:
+            first = self._reset_all(eps, stats)
+        except BaseException:   # e.g. ^C while waiting: no worker left behind
+            self._close_all(eps)
+            raise
+        for b, (ep, msg) in enumerate(zip(eps, first)):
             if msg is None:
                 continue
             try:
@@ -393,13 +416,7 @@ class EnvRunner:
                 self._fail(ep, stats, f"the episode's summed reward {ep.reward!r} is not a "
                            "finite float32")
                 rewards_B[b] = 0.0
-            self._close(ep)
-
-
-def _timed(fn: Callable, *args):
-    t0 = time.perf_counter()
-    v = fn(*args)
-    return v, time.perf_counter() - t0
+        self._close_all(eps)
 
 
 def _step_problem(v: Any) -> str | None:
@@ -417,6 +434,15 @@ def _step_problem(v: Any) -> str | None:
     return None
 
 
+def run_isolation(cfg) -> str:
+    """--env_isolation, with "auto" resolved: a thread for the library's own environments
+    (data/envs.py: bounded work, no hangs to kill; a process per episode costs milliseconds
+    of CPU each, seconds per step on a small machine), a process for any other module."""
+    if cfg.env_isolation != "auto":
+        return cfg.env_isolation
+    return "thread" if cfg.env.startswith(_OWN_ENVS_PREFIX) else "process"
+
+
 def env_for_run(cfg, tokenizer, prompt_len: int) -> EnvRunner | None:
     """The run's EnvRunner (None without --env); a ConfigError for a chat template that
     cannot carry observations or a multi-process run."""
@@ -430,10 +456,14 @@ def env_for_run(cfg, tokenizer, prompt_len: int) -> EnvRunner | None:
     except ValueError as e:
         raise ConfigError("chat_template", str(e), "use a template that ends each assistant "
                           "turn with the EOS token, or drop --env") from None
-    return EnvRunner(load_env_factory(cfg.env), name=cfg.env, max_turns=cfg.env_max_turns,
-                     max_obs_tokens=cfg.env_max_obs_tokens, timeout_s=cfg.env_timeout_s,
-                     max_prompt_len=prompt_len)
+    try:
+        return EnvRunner(load_env_factory(cfg.env), name=cfg.env, max_turns=cfg.env_max_turns,
+                         max_obs_tokens=cfg.env_max_obs_tokens, timeout_s=cfg.env_timeout_s,
+                         max_prompt_len=prompt_len, isolation=run_isolation(cfg))
+    except ValueError as e:   # a factory a worker process cannot load by name
+        raise ConfigError("env", str(e), "define the factory at the top level of its module, "
+                          "or pass --env_isolation=thread") from None
 
 
 __all__ = ["EnvRollout", "EnvRunner", "ObservationCodec", "env_for_run", "load_env_factory",
-           "mask_observations", "score_episodes"]
+           "mask_observations", "run_isolation", "score_episodes"]

@@ -63,9 +63,11 @@ def select_groups(rewards_rounds: Sequence[np.ndarray], group_size: int, groups:
 
 def take_groups(rounds: Sequence[Rollout], picks: Sequence[tuple[int, int]]) -> Rollout:
     """One rollout made of the picked (round, group) groups, in the order given; decode_s is
-    the rounds' total (every round was waited for)."""
+    the rounds' total (every round was waited for), and so is reward_wait_s when every
+    round's rewards were scored during its decode (rl/scoring.py)."""
     G = rounds[0].group_size
     rows = [(k, g * G + j) for k, g in picks for j in range(G)]
+    waits = [r.reward_wait_s for r in rounds]
 
     def rows_of(field):
         return np.stack([np.asarray(getattr(rounds[k], field))[i] for k, i in rows])
@@ -74,7 +76,8 @@ def take_groups(rounds: Sequence[Rollout], picks: Sequence[tuple[int, int]]) -> 
                    lengths_B=rows_of("lengths_B"),
                    examples=tuple(rounds[k].examples[g] for k, g in picks),
                    prompts=[rounds[k].prompts[i] for k, i in rows], group_size=G,
-                   decode_s=float(sum(r.decode_s for r in rounds)))
+                   decode_s=float(sum(r.decode_s for r in rounds)),
+                   reward_wait_s=None if None in waits else float(sum(waits)))
 
 
 def take_rewards(rewards_rounds: Sequence[np.ndarray], picks: Sequence[tuple[int, int]],

@@ -12,6 +12,9 @@ synchronous `generate` over P prompts x G samples) or `rl/partial.PartialRollout
   decode_s                 wall seconds of the decode, transfers to host included
   version                  policy version (updates so far) the batch is trained at (engine)
   slot_occupancy, decode_steps   the engine's round statistics (engine only)
+  rewards_B, reward_failures, reward_wait_s   the rewards when they were scored during the
+                           decode (rl/scoring.py), the reward calls of theirs that failed, and
+                           the seconds waited for them after the decode; None otherwise
 A flax struct: the arrays are its pytree leaves, the rest static.
 
 `LoopState`: what changes while a run runs (train states and counters), passed to and
@@ -28,7 +31,7 @@ import jax
 import numpy as np
 
 from jaxrl_scale import distributed as dist
-from jaxrl_scale.models.tokenizer import decode_response
+from jaxrl_scale.rl.scoring import collect, decode_texts
 from jaxrl_scale.sampling import SamplingConfig, generate
 
 
@@ -49,6 +52,9 @@ class Rollout:
     version: Optional[int] = _static(None)
     slot_occupancy: Optional[float] = _static(None)
     decode_steps: Optional[int] = _static(None)
+    rewards_B: Any = None
+    reward_failures: int = _static(0)
+    reward_wait_s: Optional[float] = _static(None)
 
     def row_examples(self) -> list[dict]:
         """The data row of each of the B responses (each example G times)."""
@@ -56,11 +62,13 @@ class Rollout:
 
     def fields(self) -> dict[str, Any]:
         """The rollout fields of the step's record (docs/api.md, Rollout fields): the
-        engine's round statistics and staleness; none for `generate`."""
+        engine's round statistics and staleness (none for `generate`), and reward_wait_s
+        where the rewards were scored during the decode."""
+        waited = {} if self.reward_wait_s is None else {"reward_wait_s": self.reward_wait_s}
         if self.versions_BM is None:
-            return {}
+            return waited
         return {"slot_occupancy": self.slot_occupancy, "decode_steps": self.decode_steps,
-                **staleness_metrics(self.versions_BM, self.lengths_B, self.version)}
+                **staleness_metrics(self.versions_BM, self.lengths_B, self.version), **waited}
 
 
 def staleness_metrics(versions_BM: np.ndarray, lengths_B: np.ndarray, version: int
@@ -97,23 +105,41 @@ class SamplingSettings:
 
 
 def generate_rollout(model_cfg, params, examples: Sequence[dict], group: int, encode,
-                     settings: SamplingSettings, *, seed, mesh=None) -> Rollout:
+                     settings: SamplingSettings, *, seed, mesh=None, scorer=None) -> Rollout:
     """`generate` over `examples` x `group` samples, in calls of at most settings.chunk rows:
-    chunk c samples with fold_in(seed, c); a single chunk with the seed itself."""
+    chunk c samples with fold_in(seed, c); a single chunk with the seed itself.
+
+    scorer (rl/scoring.RewardScorer): with several chunks, every call is dispatched first
+    (JAX runs them asynchronously) and each chunk is submitted for scoring as soon as it is
+    on the host, so its rewards are scored while later chunks decode; the Rollout then
+    carries them. A single chunk has nothing to overlap with: it is scored after, as
+    without a scorer (Run.rewards)."""
     s, rule, chunk = settings, settings.strategy, settings.chunk
     prompts = [encode(e["prompt"]) for e in examples for _ in range(group)]
     t0 = time.perf_counter()
+    starts = range(0, len(prompts), chunk)
     outs = [generate(model_cfg, params, prompts[i:i + chunk], max_new_tokens=s.max_new_tokens,
                      temperature=rule.temperature, top_k=rule.top_k, top_p=rule.top_p,
                      eos_id=s.eos_id, pad_id=s.pad_id, mesh=mesh,
                      seed=seed if len(prompts) <= chunk else
                      jax.random.fold_in(_as_key(seed), i // chunk))
-            for i in range(0, len(prompts), chunk)]
-    tokens, logps, lengths = (np.concatenate([dist.to_host(getattr(o, f)) for o in outs])
-                              for f in ("tokens", "logprobs", "lengths"))
+            for i in starts]
+    host, futures = [], []
+    for i, o in zip(starts, outs):   # chunk c to the host while chunks > c still decode
+        host.append(tuple(dist.to_host(getattr(o, f)) for f in ("tokens", "logprobs",
+                                                                  "lengths")))
+        if scorer is not None and len(outs) > 1:   # each row's example: chunks split groups
+            rows = [examples[k // group] for k in range(i, i + len(host[-1][2]))]
+            futures.append(scorer.submit(host[-1][0], host[-1][2], rows))
+    tokens, logps, lengths = (np.concatenate([h[j] for h in host]) for j in range(3))
+    decode_s = time.perf_counter() - t0
+    scored = {}
+    if futures:
+        rewards_B, failed, wait_s = collect(futures)
+        scored = dict(rewards_B=rewards_B, reward_failures=failed, reward_wait_s=wait_s)
     return Rollout(tokens_BM=tokens, logprobs_BM=logps, lengths_B=lengths,
                    examples=tuple(examples), prompts=prompts, group_size=group,
-                   decode_s=time.perf_counter() - t0)
+                   decode_s=decode_s, **scored)
 
 
 def score_rollout(r: Rollout, tokenizer, reward_fn) -> tuple[np.ndarray, int]:
@@ -123,11 +149,10 @@ def score_rollout(r: Rollout, tokenizer, reward_fn) -> tuple[np.ndarray, int]:
     the caller's counters change only where it adds them."""
     B = len(r.lengths_B)
     rows = dist.host_rows(B)
-    texts = [decode_response(tokenizer, row[:int(n)]) for row, n in
-             zip(np.asarray(r.tokens_BM[rows]), np.asarray(r.lengths_B[rows]))]
-    before = reward_fn.failures
-    rewards = reward_fn.score_batch(texts, r.row_examples()[rows])
-    failed = dist.allgather_rows(np.array([reward_fn.failures - before]), jax.process_count())
+    texts = decode_texts(tokenizer, r.tokens_BM[rows], r.lengths_B[rows])
+    # counted inside the call: another thread (rl/scoring.py) may be scoring meanwhile
+    rewards, mine = reward_fn.score_counted(texts, r.row_examples()[rows])
+    failed = dist.allgather_rows(np.array([mine]), jax.process_count())
     return dist.allgather_rows(np.asarray(rewards, np.float32), B), int(failed.sum())
 
 

@@ -10,7 +10,16 @@ each per shape (`compile_count` counts them):
 - `advance`: every live slot decodes up to K tokens in a `lax.while_loop` (the same
   `decode_step`, sampling rules and log-probs as `generate`), stopping early when the rows the
   host waits for are done or enough slots are free to refill;
-- the host harvests the rows that finished in the call and admits new prompts.
+- the host harvests the rows that finished in the call and admits new prompts;
+- `resume` (multi-turn episodes, rl/partial_turns.py): a slot whose assistant turn ended goes
+  on with FORCED tokens (the observation) queued in its response row: each `advance` step
+  outputs the next forced token instead of sampling (log-prob 0, the call's version) and
+  feeds it as the next input, so the observation's KV is written by the same decode steps
+  into the slot's own ring columns (nothing recomputed, no shape per observation length);
+  when the queue is empty the slot samples again. A forced token never ends the slot (an
+  observation may hold the EOS id). `advance(pause=...)` stops the call as soon as one of the
+  given slots finishes, so a turn's end waits for the environment off the ring: a paused
+  slot consumes no column, and its span stays within S.
 
 The cache is a ring shared by all slots: every step writes column `index` (mod S) for every
 slot (an empty or finished slot writes an invalid entry), so a step is exactly `generate`'s
@@ -59,6 +68,7 @@ class EngineState:
     versions_BN: jax.Array  # int32: policy version that sampled each token
     lengths_B: jax.Array    # int32: tokens generated (EOS included)
     limit_B: jax.Array      # int32: the slot's own cap on new tokens (<= N)
+    forced_B: jax.Array     # int32: response columns below this are forced, not sampled
     live_B: jax.Array       # bool: decoding
     finished_B: jax.Array   # bool: finished during the last `advance` call (host harvests)
     rng: jax.Array
@@ -77,7 +87,8 @@ def _init_state(cfg: ModelConfig, B: int, S: int, N: int, pad_id: int) -> Engine
     return EngineState(cache=cache, input_B=zi(), tokens_BN=jnp.full((B, N), pad_id, jnp.int32),
                        logprobs_BN=jnp.zeros((B, N), jnp.float32),
                        versions_BN=jnp.zeros((B, N), jnp.int32), lengths_B=zi(),
-                       limit_B=jnp.full((B,), N, jnp.int32), live_B=jnp.zeros((B,), bool),
+                       limit_B=jnp.full((B,), N, jnp.int32), forced_B=zi(),
+                       live_B=jnp.zeros((B,), bool),
                        finished_B=jnp.zeros((B,), bool), rng=jax.random.PRNGKey(0),
                        step=jnp.zeros((), jnp.int32), live_sum=jnp.zeros((), jnp.float32),
                        steps_run=jnp.zeros((), jnp.int32))
@@ -93,7 +104,7 @@ def _constrain(state: EngineState, spec) -> EngineState:
     return state.replace(cache=jax.tree.map(per_slot, state.cache),
                          **{f: per_slot(getattr(state, f)) for f in (
                              "input_B", "tokens_BN", "logprobs_BN", "versions_BN", "lengths_B",
-                             "limit_B", "live_B", "finished_B")})
+                             "limit_B", "forced_B", "live_B", "finished_B")})
 
 
 def _row_shards(spec) -> int:
@@ -140,15 +151,36 @@ def _admit(state: EngineState, params, layers, tokens_AL, valid_AL, slot_A, limi
             versions_BN=set_(state.versions_BN, jnp.full((A, N), version, jnp.int32)),
             lengths_B=set_(state.lengths_B, jnp.zeros((A,), jnp.int32)),
             limit_B=set_(state.limit_B, limit_A), live_B=set_(state.live_B, jnp.ones((A,), bool)),
+            forced_B=set_(state.forced_B, jnp.zeros((A,), jnp.int32)),
             finished_B=set_(state.finished_B, jnp.zeros((A,), bool)))
     return _constrain(state, spec)
 
 
-def _advance(state: EngineState, params, layers, version, watch_B, refill_at, max_steps, *,
-             cfg: ModelConfig, sampling: SamplingConfig, eos_id: int | None, pad_id: int,
-             spec) -> EngineState:
+def _resume(state: EngineState, slot_A, tokens_AN, forced_A, limit_A, *, spec) -> EngineState:
+    """Slots slot_A (B: padding, dropped) go on decoding: their response rows become tokens_AN
+    (the tokens so far, then the forced ones up to column forced_A), their cap limit_A, their
+    next input their last token. Cache, positions, lengths, log-probs and versions are kept."""
+    _TRACES[0] += 1
+    B = state.input_B.shape[0]
+    ok_A = slot_A < B
+    at_A = jnp.clip(slot_A, 0, B - 1)
+    last_A = jnp.take_along_axis(tokens_AN, jnp.maximum(state.lengths_B[at_A] - 1, 0)[:, None],
+                                 axis=1)[:, 0]
+    set_ = lambda x, v: x.at[slot_A].set(v, mode="drop")
+    state = state.replace(
+        tokens_BN=set_(state.tokens_BN, tokens_AN), forced_B=set_(state.forced_B, forced_A),
+        limit_B=set_(state.limit_B, limit_A),
+        input_B=set_(state.input_B, last_A), live_B=set_(state.live_B, ok_A),
+        finished_B=set_(state.finished_B, jnp.zeros_like(ok_A)))
+    return _constrain(state, spec)
+
+
+def _advance(state: EngineState, params, layers, version, watch_B, refill_at, max_steps,
+             pause_B, *, cfg: ModelConfig, sampling: SamplingConfig, eos_id: int | None,
+             pad_id: int, spec) -> EngineState:
     """Up to max_steps decode steps for every live slot; stops early when no watched slot is
-    live or at least `refill_at` slots are not live. finished_B marks the rows done here."""
+    live, at least `refill_at` slots are not live, or a slot of pause_B finished. finished_B
+    marks the rows done here. A slot below its forced column outputs its queued token."""
     _TRACES[0] += 1
     B, N = state.tokens_BN.shape
     S = state.cache.valid_BS.shape[1]
@@ -161,13 +193,15 @@ def _advance(state: EngineState, params, layers, version, watch_B, refill_at, ma
         logits_BV, cache = decode_step(cfg, params, layers, s.cache, s.input_B, active_B,
                                        rope_table=table)
         tok_B, logp_B = sampling.get_next_tokens(logits_BV, jax.random.fold_in(s.rng, s.step))
-        tok_B = jnp.where(active_B, tok_B, pad_id)
-        logp_B = jnp.where(active_B, logp_B, 0.0)
         at_BN = active_B[:, None] & (col_N[None, :] == s.lengths_B[:, None])
+        force_B = s.lengths_B < s.forced_B   # the slot outputs its queued token
+        queued_B = jnp.sum(jnp.where(at_BN, s.tokens_BN, 0), axis=1)
+        tok_B = jnp.where(active_B, jnp.where(force_B, queued_B, tok_B), pad_id)
+        logp_B = jnp.where(active_B & ~force_B, logp_B, 0.0)
         lengths_B = s.lengths_B + active_B.astype(jnp.int32)
         stop_B = lengths_B >= s.limit_B
         if eos_id is not None:
-            stop_B = stop_B | (tok_B == eos_id)
+            stop_B = stop_B | ((tok_B == eos_id) & ~force_B)
         done_B = active_B & stop_B
         live_B = active_B & ~stop_B
         s = s.replace(
@@ -184,7 +218,7 @@ def _advance(state: EngineState, params, layers, version, watch_B, refill_at, ma
     def cond(carry):
         s, i = carry
         return (i < max_steps) & jnp.any(s.live_B & watch_B) & \
-            (jnp.sum(~s.live_B) < refill_at)
+            (jnp.sum(~s.live_B) < refill_at) & ~jnp.any(s.finished_B & pause_B)
 
     state = state.replace(finished_B=jnp.zeros_like(state.finished_B))
     state, _ = jax.lax.while_loop(cond, step, (state, jnp.zeros((), jnp.int32)))
@@ -229,6 +263,8 @@ class SlotEngine:
                        for r in (True, False)}
         self._advance = jax.jit(functools.partial(_advance, sampling=sampling, eos_id=eos,
                                                   **static), donate_argnums=0)
+        self._resume = jax.jit(functools.partial(_resume, spec=self.spec), donate_argnums=0)
+        self.turns = False   # slots resume after a turn (multi-turn): `warm` compiles `resume`
         self.state = None
         self._set(_init_state(cfg, self.B, self.S, self.N, self.pad_id))
         self.cache_column = self.T - 1   # host copy of state.cache.index
@@ -314,16 +350,40 @@ class SlotEngine:
                                         slot_A, np.full((len(slot_A),), self.N, np.int32),
                                         np.int32(0))
 
+    def resume(self, rows: dict[int, tuple[Sequence[int], int, int]]) -> None:
+        """Slots that finished (not yet re-admitted) go on decoding from their KV cache:
+        rows[slot] = (its response row of N tokens: the tokens so far, then the tokens to
+        force; the column where forcing ends; its new cap on tokens, <= N). The slot first
+        feeds its last token, then outputs the forced tokens (log-prob 0), then samples up to
+        its cap or EOS."""
+        if not rows:
+            return
+        slots = [int(s) for s in rows]
+        if any(self.live[s] for s in slots):
+            raise ValueError("resume needs finished slots.")
+        slot_A = np.full((self.B,), self.B, np.int32)
+        tokens = np.full((self.B, self.N), self.pad_id, np.int32)
+        forced = np.zeros((self.B,), np.int32)
+        limit = np.full((self.B,), self.N, np.int32)
+        for a, s in enumerate(slots):
+            row, end, cap = rows[s]
+            slot_A[a], tokens[a], forced[a], limit[a] = s, row, end, min(int(cap), self.N)
+        self.state = self._resume(self.state, slot_A, tokens, forced, limit)
+        self.live[slots] = True
+
     def advance(self, params, *, version: int = 0, watch: np.ndarray | None = None,
-                refill_at: int | None = None, max_steps: int | None = None) -> dict:
-        """Decode until no watched slot is live (default: all), `refill_at` slots are free, or
-        max_steps (default steps_per_call) steps ran. Returns the rows that finished:
-        {"slots", "tokens" [R, N], "logprobs", "versions", "lengths"} as numpy."""
+                refill_at: int | None = None, max_steps: int | None = None,
+                pause: np.ndarray | None = None) -> dict:
+        """Decode until no watched slot is live (default: all), `refill_at` slots are free, a
+        slot of `pause` finished (default: none), or max_steps (default steps_per_call) steps
+        ran. Returns the rows that finished: {"slots", "tokens" [R, N], "logprobs",
+        "versions", "lengths"} as numpy."""
         watch_B = np.ones((self.B,), bool) if watch is None else np.asarray(watch, bool)
+        pause_B = np.zeros((self.B,), bool) if pause is None else np.asarray(pause, bool)
         refill = self.B + 1 if refill_at is None else int(refill_at)
         K = self.steps_per_call if max_steps is None else int(max_steps)
         self.state = self._advance(self.state, params, self._layers(params), np.int32(version),
-                                   watch_B, np.int32(refill), np.int32(K))
+                                   watch_B, np.int32(refill), np.int32(K), pause_B)
         s = self.state
         fin, live, toks, logps, vers, lens, col = jax.device_get(
             (s.finished_B, s.live_B, s.tokens_BN, s.logprobs_BN, s.versions_BN, s.lengths_B,
@@ -334,8 +394,9 @@ class SlotEngine:
                 "versions": vers[idx], "lengths": lens[idx]}
 
     def warm(self, params, sizes: Sequence[int], rebuild: bool = False) -> None:
-        """Compile admission for every row count in `sizes` (their buckets) and the decode
-        call, without changing any slot (padding rows only, zero steps)."""
+        """Compile admission for every row count in `sizes` (their buckets), the decode call
+        and (with `turns`) `resume`, without changing any slot (padding rows only, zero
+        steps)."""
         for A in sorted({min(next_pow2(n), next_pow2(self.B)) for n in sizes}):
             widths = (self.T,) + ((self.T + self.N - 1,) if rebuild else ())
             for reset, width in zip((True, False), widths):
@@ -344,7 +405,13 @@ class SlotEngine:
                     np.zeros((A, width), bool), np.full((A,), self.B, np.int32),
                     np.full((A,), self.N, np.int32), np.int32(0))
         self.state = self._advance(self.state, params, self._layers(params), np.int32(0),
-                                   np.ones((self.B,), bool), np.int32(self.B + 1), np.int32(0))
+                                   np.ones((self.B,), bool), np.int32(self.B + 1), np.int32(0),
+                                   np.zeros((self.B,), bool))
+        if self.turns:   # no slot: every row is padding
+            self.state = self._resume(self.state, np.full((self.B,), self.B, np.int32),
+                                      np.zeros((self.B, self.N), np.int32),
+                                      np.zeros((self.B,), np.int32),
+                                      np.zeros((self.B,), np.int32))
 
     def take_occupancy(self) -> tuple[float, int]:
         """(mean live-slot fraction per decode step, steps) since the last call; resets."""
