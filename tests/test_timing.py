@@ -50,6 +50,7 @@ def test_time_batches_structure(tmp_path, data_dir):
     base = _tiny_base(tmp_path, data_dir)
     out = time_batches(base, [8], warmup=1, steps=2, progress=False)   # (the fit: synthetic)
     _check_entries(out, [8], 2, 1)
+    assert "env_s" not in out[0]
     assert not (tmp_path / "unused").exists()   # nothing written to the run directory
 
 
@@ -59,6 +60,17 @@ def test_time_batches_partial_rollout_one_at_a_time(tmp_path, data_dir):
     base = _tiny_base(tmp_path, data_dir, gen_batch_ratio=2)
     out = time_batches(base, [8], warmup=2, steps=2, progress=False, interleave=False)
     _check_entries(out, [8], 2, 2)
+
+
+def test_time_batches_records_environment_seconds_of_multi_turn_runs(tmp_path, data_dir):
+    """--env: each timed step's env_s is in its entry (inside gen_s); a single-turn pass has
+    no env_s key at all (test_time_batches_structure's entries are as before)."""
+    from jaxrl_scale.experiment.timing import time_batches
+    base = _tiny_base(tmp_path, data_dir, env="jaxrl_scale.data.envs:retry", env_max_turns=2)
+    (e,) = time_batches(base, [8], warmup=1, steps=2, progress=False)
+    _check_entries([e], [8], 2, 1)
+    assert len(e["env_s"]) == 2
+    assert all(0 <= v <= g for v, g in zip(e["env_s"], e["gen_s"]))
 
 
 def test_time_batches_rejects_batches_off_the_group_size(tmp_path, data_dir):
@@ -119,6 +131,28 @@ def test_reward_time_is_measured_as_part_of_generation():
     assert "reward_d0" not in plain
     timings[0]["reward_s"][0] = float("nan")      # one step without it: no line, no guess
     assert "reward_d0" not in fit_step_times(timings, n_boot=20)
+
+
+def test_environment_and_reward_time_make_one_external_line():
+    """A multi-turn pass records env_s beside reward_s: the external line is fitted to their
+    sum (exact on noise-free steps: 0.5 + 0.003 B_gen s), the reward line stays the reward's,
+    and the step-time coefficients do not move; a single-turn pass has no external line."""
+    rng = np.random.default_rng(1)
+    timings = _synthetic([64, 128, 512], 1, 3, rng, noise=0.0) + \
+        _synthetic([64, 256], 2, 4, rng, noise=0.0)
+    plain = fit_step_times(timings, n_boot=20)
+    for t in timings:
+        k = t["batch_gen"] / t["batch"]
+        t["reward_s"] = [(0.2 + 0.001 * t["batch_gen"]) / k] * len(t["gen_s"])
+    assert "external_d0" not in fit_step_times(timings, n_boot=20)
+    for t in timings:
+        k = t["batch_gen"] / t["batch"]
+        t["env_s"] = [(0.3 + 0.002 * t["batch_gen"]) / k] * len(t["gen_s"])
+    fit = fit_step_times(timings, n_boot=20)
+    assert fit["external_d0"] == pytest.approx(0.5, rel=1e-9)
+    assert fit["external_d1"] == pytest.approx(0.003, rel=1e-9)
+    assert fit["reward_d1"] == pytest.approx(0.001, rel=1e-9)
+    assert all(fit[c] == plain[c] for c in FIT_COLUMNS)
 
 
 def test_fit_step_times_needs_two_batches():

@@ -357,6 +357,12 @@ def _print(result: dict) -> None:
               f"{th['reward_d1']:.4g} B_gen s, "
               + (f"{share:.0%} of the rollout at B0" if share >= 0.01 else
                  "under 1% of the rollout at B0"))
+    if th.get("external_d1") is not None:
+        b0 = result["reference_batch"]
+        share = (th["external_d0"] + th["external_d1"] * b0) / (th["d0"] + th["d1"] * b0)
+        print(f"  of t_gen, the environment and the reward (measured env_s + reward_s): "
+              f"{th['external_d0']:.4g} + {th['external_d1']:.4g} B_gen s, {share:.0%} of the "
+              "rollout at B0")
     if th.get("check"):
         print("  fitted vs timed seconds per update: " + ", ".join(
             f"B={c['batch']:g} {c['rel_err']:+.1%}" for c in th["check"]))

@@ -49,7 +49,10 @@ from jaxrl_scale.experiment.train import Run
 #   decode_s the jitted decode alone (part of gen_s); update_s the update alone (part of train_s)
 #   reward_s the reward function's wall time (part of gen_s)
 #   response_len  mean response tokens of the step (what the rollout's length depends on)
+#   env_s    multi-turn runs only (--env): the environment's wall time (part of gen_s);
+#            recorded only where the step records have it, so single-turn passes are as before
 STEP_FIELDS = ("gen_s", "train_s", "decode_s", "update_s", "reward_s", "response_len")
+OPTIONAL_FIELDS = ("env_s",)
 
 
 def timing_config(base: TrainConfig, batch: int, run_dir: str) -> TrainConfig:
@@ -84,6 +87,9 @@ def _step(run: Run, update, loop, entry: dict | None):
         entry["step_s"].append(time.perf_counter() - t0)
         for k in STEP_FIELDS:
             entry[k].append(float(rec.get(k, float("nan"))))
+        for k in OPTIONAL_FIELDS:
+            if k in rec:
+                entry.setdefault(k, []).append(float(rec[k]))
     return loop
 
 
@@ -137,8 +143,8 @@ def time_blocks(base: TrainConfig, batches: Sequence[int], reference_batch: int,
                        for e in out]
         else:
             for e, o in zip(entries, out):
-                for k in (*STEP_FIELDS, "step_s"):
-                    e[k] = e[k] + o[k]
+                for k in (*STEP_FIELDS, "step_s", *(f for f in OPTIONAL_FIELDS if f in o)):
+                    e[k] = e.get(k, []) + o[k]
                 e["block"] += [b] * len(o["step_s"])
                 e["compile_s"].append(o["compile_s"])
         load = os.getloadavg()[0]   # the machine's load over the block's last minute

@@ -117,22 +117,34 @@ def fit_step_times(timings: Sequence[dict], n_boot: int = 1000, seed: int = 0) -
 
 
 def _reward_line(timings: Sequence[dict]) -> dict:
-    """The reward function's share of t_gen, measured: t_reward(B_gen) = reward_d0 + reward_d1
-    B_gen fitted like t_gen to every timed step's `reward_s` (already inside gen_s, so it
-    changes no prediction; it says how much of the rollout a slow reward is). {} when a pass
-    did not record reward_s (passes made before it was recorded) or timed < 2 batches."""
+    """The time outside the model inside t_gen, measured, fitted like t_gen (per B_gen) to
+    every timed step: the reward function's `reward_s`, t_reward(B_gen) = reward_d0 +
+    reward_d1 B_gen, and with multi-turn episodes the reward plus the environment's `env_s`,
+    t_external(B_gen) = external_d0 + external_d1 B_gen. Both are already inside gen_s, so
+    they change no prediction; they say how much of the rollout is spent outside the model.
+    A line is left out when a pass did not record its fields at every step (passes made
+    before they were recorded; single-turn passes have no env_s) or timed < 2 batches."""
+    out = {}
+    for names, prefix in ((("reward_s",), "reward"), (("reward_s", "env_s"), "external")):
+        line = _seconds_line(timings, names)
+        if line is not None:
+            out[prefix + "_d0"], out[prefix + "_d1"] = line
+    return out
+
+
+def _seconds_line(timings: Sequence[dict], names: Sequence[str]):
+    """(d0, d1) of sum(names) seconds against B_gen over every timed step, or None."""
     x, y = [], []
     for t in timings:
-        r = np.asarray(t.get("reward_s") or [], float)
-        if r.size != len(t["gen_s"]) or not np.all(np.isfinite(r)):
-            return {}
-        x.append(np.full(r.size, float(t.get("batch_gen", t["batch"]))))
-        y.append(_gen_ratio(t) * r)
+        parts = [np.asarray(t.get(n) or [], float) for n in names]
+        if any(r.size != len(t["gen_s"]) or not np.all(np.isfinite(r)) for r in parts):
+            return None
+        x.append(np.full(len(t["gen_s"]), float(t.get("batch_gen", t["batch"]))))
+        y.append(_gen_ratio(t) * np.sum(parts, axis=0))
     x, y = np.concatenate(x), np.concatenate(y)
     if np.unique(x).size < 2:
-        return {}
-    r0, r1 = fit_linear_time(x, y)
-    return {"reward_d0": r0, "reward_d1": r1}
+        return None
+    return fit_linear_time(x, y)
 
 
 def predict_r_q(fit: dict, batches: Sequence[float], batch0: float,
