@@ -220,3 +220,31 @@ def test_training_step_with_the_calculator_records_tool_calls(tmp_path):
     with open(tmp_path / "run" / "metrics.jsonl") as f:
         train = [r for r in map(json.loads, f) if "score" not in r]
     assert train[0]["env_tool_calls"] >= 0 and train[0]["env_failures"] == 0
+
+
+def test_a_batch_study_runs_on_a_multi_turn_task(tmp_path):
+    """jaxrl-sweep with --env: the lr tuning, the study runs and the analysis run on
+    episodes (N counts retained episodes), every training record of every run carries the
+    environment's fields, and nothing fails."""
+    import json
+    import os
+
+    from jaxrl_scale.experiment.study import SweepConfig
+    from jaxrl_scale.experiment.sweep import run_sweep
+    base = TrainConfig.make(data_dir=str(tmp_path / "data"), model="tiny",
+                            num_train_examples=200, num_test_examples=16, max_new_tokens=8,
+                            eval_prompts=8, eval_samples=2, base_lr=1e-3,
+                            env="jaxrl_scale.data.envs:retry", env_max_turns=2)
+    sweep = SweepConfig(sweep_dir=str(tmp_path / "sweep"), prompts=(4, 8), group_sizes=(2,),
+                        base_prompts=0, lr_rules=("sqrt",), fixed_prompts=(), pairs=(),
+                        seeds=(0,), max_responses=32, eval_every_responses=16,
+                        tune_lrs=(1e-3,), tune_responses=16, target=0.5, compile_cache=False,
+                        tune_max_extensions=0)
+    summary = run_sweep(sweep, base, progress=False)
+    assert summary["errors"] == {} and "analysis_error" not in summary
+    assert set(summary["runs"]) == {"grpo_P4_G2_sqrt_s0", "grpo_P8_G2_sqrt_s0"}
+    for run in summary["runs"]:
+        with open(os.path.join(sweep.sweep_dir, run, "metrics.jsonl")) as f:
+            steps = [r for r in map(json.loads, f) if "reward_mean" in r]
+        assert steps and all(r["env_turns"] >= 1 and "env_s" in r for r in steps), run
+    assert os.path.isfile(summary["report_path"])
