@@ -16,6 +16,20 @@ def first_char(text, example):
     return float(len(text) > 0 and text[0] in "0123456789+-=")
 
 
+class OneTurn:
+    """Done after the first assistant turn, rewarded by `first_char`: today's single-turn
+    rollout as an environment."""
+
+    def __init__(self, example):
+        self.example = example
+
+    def reset(self):
+        return self.example["prompt"]
+
+    def step(self, text):
+        return "", first_char(text, self.example), True
+
+
 class Broken:
     """Behaviour by the example's "kind"; "ok" is a well-behaved two-turn episode. With a
     "pid_dir" in the example, each episode writes its process id to pid_dir/<kind> ("sleeps"

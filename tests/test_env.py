@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from env_helpers import OBS, RELEASE, Broken, Echo, Talk, first_char
+from env_helpers import OBS, RELEASE, Broken, Echo, OneTurn, Talk, first_char
 from numerics import assert_tree_close, permute_mlp, reorder_floor, tree_norm
 
 from jaxrl_scale.data import envs
@@ -56,17 +56,6 @@ def settings(chunk=4, eos=False, budget=M):
     random, which would make the turn layout the tests check a matter of chance)."""
     return SamplingSettings(SamplingConfig(1.0, 0, 1.0), budget, TOK.eos_id if eos else None,
                             TOK.pad_id, chunk)
-
-
-class OneTurn:
-    def __init__(self, example):
-        self.example = example
-
-    def reset(self):
-        return self.example["prompt"]
-
-    def step(self, text):
-        return "", first_char(text, self.example), True
 
 
 def test_one_turn_env_equals_single_turn_rollout(model):

@@ -113,17 +113,27 @@ def test_fit_step_times_recovers_known_costs():
         assert exact[c + "_ci"] == pytest.approx([TRUTH[c]] * 2, rel=1e-9)
 
 
+def _two_rollout_ratios(seed):
+    """Noise-free timings at k = 1 and 2."""
+    rng = np.random.default_rng(seed)
+    return _synthetic([64, 128, 512], 1, 3, rng, noise=0.0) + \
+        _synthetic([64, 256], 2, 4, rng, noise=0.0)
+
+
+def _record_line(timings, field, d0, d1):
+    """Each step's `field` seconds on the line d0 + d1 B_gen (per update: / k)."""
+    for t in timings:
+        k = t["batch_gen"] / t["batch"]
+        t[field] = [(d0 + d1 * t["batch_gen"]) / k] * len(t["gen_s"])
+
+
 def test_reward_time_is_measured_as_part_of_generation():
     """A pass that records reward_s: its line is fitted like t_gen's (here 0.2 + 0.001 B_gen s,
     exact on noise-free steps, at k = 1 and 2) and changes no other coefficient; a pass without
     reward_s (older timing.json) has no reward line."""
-    rng = np.random.default_rng(0)
-    timings = _synthetic([64, 128, 512], 1, 3, rng, noise=0.0) + \
-        _synthetic([64, 256], 2, 4, rng, noise=0.0)
+    timings = _two_rollout_ratios(0)
     plain = fit_step_times(timings, n_boot=20)
-    for t in timings:
-        k = t["batch_gen"] / t["batch"]
-        t["reward_s"] = [(0.2 + 0.001 * t["batch_gen"]) / k] * len(t["gen_s"])
+    _record_line(timings, "reward_s", 0.2, 0.001)
     fit = fit_step_times(timings, n_boot=20)
     assert fit["reward_d0"] == pytest.approx(0.2, rel=1e-9)
     assert fit["reward_d1"] == pytest.approx(0.001, rel=1e-9)
@@ -137,17 +147,11 @@ def test_environment_and_reward_time_make_one_external_line():
     """A multi-turn pass records env_s beside reward_s: the external line is fitted to their
     sum (exact on noise-free steps: 0.5 + 0.003 B_gen s), the reward line stays the reward's,
     and the step-time coefficients do not move; a single-turn pass has no external line."""
-    rng = np.random.default_rng(1)
-    timings = _synthetic([64, 128, 512], 1, 3, rng, noise=0.0) + \
-        _synthetic([64, 256], 2, 4, rng, noise=0.0)
+    timings = _two_rollout_ratios(1)
     plain = fit_step_times(timings, n_boot=20)
-    for t in timings:
-        k = t["batch_gen"] / t["batch"]
-        t["reward_s"] = [(0.2 + 0.001 * t["batch_gen"]) / k] * len(t["gen_s"])
+    _record_line(timings, "reward_s", 0.2, 0.001)
     assert "external_d0" not in fit_step_times(timings, n_boot=20)
-    for t in timings:
-        k = t["batch_gen"] / t["batch"]
-        t["env_s"] = [(0.3 + 0.002 * t["batch_gen"]) / k] * len(t["gen_s"])
+    _record_line(timings, "env_s", 0.3, 0.002)
     fit = fit_step_times(timings, n_boot=20)
     assert fit["external_d0"] == pytest.approx(0.5, rel=1e-9)
     assert fit["external_d1"] == pytest.approx(0.003, rel=1e-9)
