@@ -108,3 +108,15 @@ class Talk:
         self.n += 1
         return self.obs, 1.0, self.n >= self.example.get("turns", 3)
 
+
+def alive(pid):
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:   # gone meanwhile, or no /proc
+        return True

@@ -56,6 +56,21 @@ def test_synchronous_round_equals_generate(model, devices, temperature):
     np.testing.assert_array_equal(got["lengths"], np.asarray(want.lengths))
 
 
+def test_advance_reports_the_steps_it_ran(model):
+    """Each call's "steps" is what it decoded: 0 when no watched slot is live, and the
+    calls' steps add up to the steps take_occupancy counts."""
+    cfg, params = model
+    eng = SlotEngine(cfg, slots=4, prompt_len=12, max_new_tokens=N, eos_id=None, pad_id=0,
+                     sampling=SamplingConfig(0.0), steps_per_call=3)
+    eng.reset(0)
+    eng.take_occupancy()
+    eng.admit(params, _prompts(4, seed=2), range(4), limits=[2, N, 5, N])
+    assert eng.advance(params, watch=np.zeros((4,), bool))["steps"] == 0
+    steps = [eng.advance(params)["steps"] for _ in range(5)]
+    assert steps[0] == 3 and sum(steps) == eng.take_occupancy()[1] == N
+    assert steps[-1] == 0   # every slot finished after N steps
+
+
 def test_refilled_slot_decodes_what_generate_gives_alone(model):
     cfg, params = model
     prompts = _prompts(8, seed=1)

@@ -313,3 +313,33 @@ def test_training_steps_with_env_on_the_slot_engine(tmp_path):
         assert {"env_turns", "env_obs_tokens", "env_s", "env_failures", "env_timeouts",
                 "engine_calls", "slot_occupancy", "staleness_max"} <= set(r)
         assert r["env_failures"] == 0 and r["env_turns"] >= 1
+
+
+def test_close_ends_the_episodes_in_flight(model):
+    """Episodes admitted and not yet trained each hold a worker process under
+    --env_isolation=process; close() (Run.close, at the end of jaxrl-train's loop) ends
+    them, and their processes are gone."""
+    cfg, params = model
+    runner = EnvRunner(Talk, timeout_s=30.0, turn_tokens=TURN, isolation="process", **RUNNER)
+    pr = EpisodePartialRollout(_engine(cfg, 2 * P * G, 1.0), _stream(), runner, TOK,
+                               prompts_per_step=P, group_size=G, max_staleness=1)
+    pr.next_batch(params, version=0, seed=0)
+    pr._admit(params, 1)   # the next round's admissions: their environments have started
+    pids = [r.ep.host.proc.pid for g in pr.pending for r in g.rows if r.ep.host is not None]
+    assert pids and all(map(env_helpers.alive, pids))
+    pr.close()
+    assert not pr.pending and not any(map(env_helpers.alive, pids))
+
+
+def test_run_close_closes_what_the_run_holds():
+    """Run.close ends the slot engine's episodes and the reward thread, whichever exist."""
+    from types import SimpleNamespace
+
+    from jaxrl_scale.experiment.train import Run
+    closed = []
+    part = SimpleNamespace(close=lambda: closed.append("partial"))
+    Run.close(SimpleNamespace(partial=part, scorer=SimpleNamespace(
+        close=lambda: closed.append("scorer"))))
+    Run.close(SimpleNamespace(partial=None, scorer=None))          # nothing to close
+    Run.close(SimpleNamespace(partial=object(), scorer=None))      # a rollout without close
+    assert closed == ["partial", "scorer"]

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import env_helpers
 from env_helpers import OBS, RELEASE, Broken, Echo, OneTurn, Talk, first_char
 from numerics import assert_tree_close, permute_mlp, reorder_floor, tree_norm
 
@@ -186,19 +187,6 @@ def test_bad_environments_end_only_their_episode(model):
     assert (again.rewards_B == 1.5).all() and again.fields()["env_failures"] == 0
 
 
-def _alive(pid):
-    """Whether process `pid` exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:   # gone meanwhile, or no /proc
-        return True
-
-
 # Rows in calls of 4: the thread test's broken kinds, plus a call that sleeps for good (the
 # hang is killed, not abandoned) and a process that exits, beside 8 healthy episodes. The last
 # call holds the exit alone, so its error is the rollout's last.
@@ -220,7 +208,7 @@ def test_process_isolation_kills_a_hung_environment_and_ends_only_its_episode(mo
     r = runner.rollout(cfg, params, rows, 1, TOK, settings(), seed=0)
     assert multiprocessing.active_children() == []
     for kind in ("sleeps", "sleeps_child", "exits", "ok"):
-        assert not _alive(int((tmp_path / kind).read_text())), kind
+        assert not env_helpers.alive(int((tmp_path / kind).read_text())), kind
     st = r.fields()
     bad = len(PROCESS_ROWS) - PROCESS_ROWS.count("ok")
     assert st["env_failures"] == runner.failures == bad and st["env_timeouts"] == 1
@@ -302,9 +290,9 @@ def test_a_worker_process_outlives_no_runner():
     assert res.returncode == 0, res.stderr
     pid = int(res.stdout.split()[-1])
     end = time.monotonic() + 30
-    while _alive(pid) and time.monotonic() < end:
+    while env_helpers.alive(pid) and time.monotonic() < end:
         time.sleep(0.05)
-    assert not _alive(pid)
+    assert not env_helpers.alive(pid)
 
 
 def test_retry_env_example_runs(model):

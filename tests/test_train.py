@@ -317,6 +317,8 @@ def test_metrics_pinned_to_the_loop_before_the_redesign(tmp_path, data_dir, algo
     assert len(got) == len(pinned["records"])
     generated = None
     for old, new in zip(pinned["records"], got):
+        new = {k: v for k, v in new.items()   # added since the pin: tests/test_n_unit.py
+               if k not in ("response_tokens", "retained_tokens")}
         want = {}
         for k, v in old.items():
             k = _RENAMED[algo].get(k, k)

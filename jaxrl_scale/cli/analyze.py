@@ -71,6 +71,10 @@ flags.DEFINE_string("tag_map", None, "What the tags (TensorBoard) or columns (W&
                     "train, eval_time, eval_n.")
 
 
+flags.DEFINE_enum("n_unit", "responses", ["responses", "tokens"], "What the sample count N "
+                  "counts: responses (cumulative retained responses, episodes for --env runs) "
+                  "or tokens (their tokens in the loss, each record's response_tokens; "
+                  "an episode's observation tokens excluded).")
 flags.DEFINE_string("score_range", "auto", "LO,HI: the range every eval score must lie in; "
                     "'auto': [0, 1] for jaxrl runs (their score is an accuracy), any finite "
                     "score for other formats; 'any' when the score is a reward on another "
@@ -155,7 +159,7 @@ def main(argv):
                                          world_size=FLAGS.world_size,
                                          score_key=FLAGS.score_key,
                                          tag_map=FLAGS.tag_map),
-                                     score_range=score_range())
+                                     score_range=score_range(), n_unit=FLAGS.n_unit)
     except readers.ReaderError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

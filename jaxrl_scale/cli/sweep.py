@@ -103,6 +103,8 @@ SWEEP_HELP = {
               "the way to what every reference seed reaches)",
     "target_fraction": "where the auto target sits between the start and what every reference "
                        "seed reaches (0..1; later: more evals before N*)",
+    "n_unit": "what the analysis' sample count N counts: responses (retained responses; "
+              "episodes for --env runs) or tokens (their tokens in the loss, response_tokens)",
     "design": "fixed (every config from every warm-start) or sequential (warm-starts in "
               "rounds; a config decided at a look gets no more runs, and the study ends when "
               "none is open)",
@@ -236,7 +238,8 @@ def main(argv):
             return EXIT_RUNS_FAILED
         print(f"run {FLAGS.run_index} ({res['run']}): "
               f"{'already finished' if res['skipped'] else 'finished'}; once every index has "
-              f"run: jaxrl-analyze --sweep_dir={sweep.sweep_dir} --target={sweep.target}")
+              f"run: jaxrl-analyze --sweep_dir={sweep.sweep_dir} --target={sweep.target}"
+              f"{'' if sweep.n_unit == 'responses' else f' --n_unit={sweep.n_unit}'}")
         return 0
     summary = run_sweep(sweep, base, before_block=warm_start if len(sfts) > 1 else None)
     if "analysis_error" in summary:

@@ -10,6 +10,7 @@ from typing import Sequence
 from jaxrl_scale import report
 from jaxrl_scale.scaling import analysis, readers
 from jaxrl_scale.scaling import io as sio
+from jaxrl_scale.scaling import units
 from jaxrl_scale.scaling.io import read_csv_run
 
 
@@ -33,6 +34,7 @@ def analyze_and_report(sweep_dir: str | None, target, reference: str | None = No
     extra = [read_csv_run(c, columns) for c in csv]
     target = analysis.parse_target(target)
     runs, skipped = _load(sweep_dir, extra, fmt, overrides or {})
+    runs = units.in_n_unit(runs, kwargs.get("n_unit"))   # N in tokens: before any other work
     readers.check_one_task(runs, sweep_dir)   # --format=jaxrl and --csv runs too
     sio.check_scores(runs, score_range)
     summary = analysis.analyze(runs, target, reference, tolerance=tolerance,

@@ -76,6 +76,7 @@ class SweepConfig:
     target: float | str = "auto"       # analysis target J* ("auto": from the reference)
     target_fraction: float = 0.5       # auto J* = start + this x (what every reference seed
                                        # reliably reached - start)
+    n_unit: str = "responses"          # what the analysis' N counts: responses or tokens
     # > 0: each warm-start's reference runs go first, to the full budget; every other run of
     # that warm-start stops this many evals after its eval first reaches the target those
     # reference runs set (the analysis sets the same one). 0: every run to max_responses.
@@ -467,6 +468,8 @@ def check_sweep_fields(sweep: SweepConfig) -> None:
          f"must lie strictly between 0 and 1, got {sweep.target_fraction}",
          "e.g. --target_fraction=0.75 (the auto target's share of the way from the start to "
          "what every reference seed reached)")
+    need("n_unit", sweep.n_unit in ("responses", "tokens"), f"must be responses or tokens, "
+         f"got {sweep.n_unit!r}", "pass --n_unit=responses or --n_unit=tokens")
     need("pairs", all(len(pg) == 2 and min(pg) >= 1 for pg in sweep.pairs),
          f"must be PxG pairs of positive integers, got {sweep.pairs}", "e.g. --pairs=32x4")
     bad = [r for r in sweep.lr_rules if r not in ADAM_RULES or r == "tuned"]

@@ -414,7 +414,8 @@ def run_sweep(sweep: SweepConfig, base: TrainConfig, *, progress: bool = True,
     from jaxrl_scale.scaling.io import DataError
     try:
         summary = analyze_and_report(sweep.sweep_dir, target=sweep.target,
-                                     target_fraction=sweep.target_fraction)
+                                     target_fraction=sweep.target_fraction,
+                                     n_unit=sweep.n_unit)
     except (AnalysisError, DataError) as e:  # the runs are safe on disk; say why there is no report
         return {"errors": errors, "analysis_error": str(e)}
     if errors:

@@ -15,6 +15,7 @@ not change while the run runs (plus the stream and engine that read the data). A
 (docs/science.md, Time to target):
   responses            cumulative *retained* responses (zero-variance groups filtered out
                        when filter_zero_variance; they still count in responses_generated)
+  response_tokens      cumulative loss tokens of those responses (episodes: assistant tokens)
   time_s               cumulative wall seconds of generation + rewards + update (eval excluded,
                        reported as eval_s on eval records)
 Resume: the run directory holds an orbax checkpoint (params, optimizer state, rng, step,
@@ -159,6 +160,13 @@ class Run:
                 env=self.env, tokenizer=self.tok, prompts_per_step=cfg.prompts_per_step,
                 group_size=cfg.group_size, max_staleness=cfg.staleness_bound,
                 recompute_kv=cfg.recompute_kv, scorer=self.scorer)
+
+    def close(self) -> None:
+        """End what the run started beside its thread: the episodes in flight (and their
+        environments' worker processes) and the reward thread (a sweep runs many runs in
+        one process)."""
+        for part in (self.partial, self.scorer):
+            getattr(part, "close", lambda: None)()
 
     def _options(self, cfg: TrainConfig) -> StepOptions:
         """The update's static options at cfg's batch: updates_per_rollout = U minibatches of
@@ -349,6 +357,7 @@ class Run:
                                           overlong_buffer=cfg.overlong_buffer,
                                           overlong_penalty=cfg.overlong_penalty)
         batch = mask_observations(batch, r, self.prompt_len)   # episodes: assistant tokens
+        accounting["retained_tokens"] = int(np.asarray(batch.loss_mask_BT).sum())
         if refill is not None:   # the rounds' counts, not the trained batch's
             accounting.update(refill.counts)
         rec: dict[str, Any] = {}
@@ -377,10 +386,8 @@ class Run:
             gen_s=gen_s, decode_s=r.decode_s, train_s=time.perf_counter() - t1,
             batch_train=cfg.batch_train, batch_gen=cfg.batch_gen,
             reward_failures=failures, reward_s=self.reward_fn.lap(), **r.fields())
-        loop = loop.replace(states=tuple(states), step=step, reward_failures=failures,
-                            responses=loop.responses + accounting["retained"],
-                            responses_generated=loop.responses_generated +
-                            accounting["generated"])
+        loop = loop.counted(accounting).replace(states=tuple(states), step=step,
+                                                reward_failures=failures)
         return loop, rec
 
     def evaluate(self, loop: LoopState) -> tuple[LoopState, dict[str, float]]:
@@ -494,8 +501,8 @@ def _train(cfg: TrainConfig, progress: bool, stop_after_steps: int | None,
         if primary:
             log.truncate_after(-1)
         loop, ev = initial_eval(run, loop, eval0_cache)  # the untrained score: curves at N = 0
-        emit({"step": 0, "responses": 0, "time_s": 0.0, **ev, "compile_s": compile_s,
-              **run.describe()})
+        emit({"step": 0, "responses": 0, "response_tokens": 0, "time_s": 0.0, **ev,
+              "compile_s": compile_s, **run.describe()})
         loop = loop.replace(eval_scores=(float(ev["score"]),))
         if cfg.target and ev["score"] >= cfg.target:
             loop = loop.replace(reached_at=0, reached_step=0)
@@ -542,17 +549,13 @@ def _train(cfg: TrainConfig, progress: bool, stop_after_steps: int | None,
         if sched.prompts != run.cfg.prompts_per_step:   # the schedule changed the batch
             run.use_prompts(sched.prompts)
             update = updates[sched.prompts]
-        emit({"step": step, "responses": loop.responses,
-              "responses_generated": loop.responses_generated,
-              "time_s": loop.time_s, **rec})
+        emit({"step": step, **loop.position(), **rec})
         if step % cfg.eval_every == 0:
             t_eval = time.perf_counter()
             loop, ev = run.evaluate(loop)
             last_score = ev["score"]
             loop = loop.replace(eval_scores=loop.eval_scores + (float(ev["score"]),))
-            emit({"step": step, "responses": loop.responses,
-                  "responses_generated": loop.responses_generated,
-                  "time_s": loop.time_s, **ev, "eval_s": time.perf_counter() - t_eval})
+            emit({"step": step, **loop.position(), **ev, "eval_s": time.perf_counter() - t_eval})
             if cfg.target and loop.reached_at is None and ev["score"] >= cfg.target:
                 loop = loop.replace(reached_at=loop.responses, reached_step=step)
         if step % cfg.checkpoint_every == 0:
@@ -573,7 +576,7 @@ def _train(cfg: TrainConfig, progress: bool, stop_after_steps: int | None,
     bar.close()
     if diverged is not None:
         ckpt.close()
-        close_all(writers)
+        close_all(writers + [run])
         raise diverged
     done = finished(loop)
     if stopped:
@@ -583,7 +586,7 @@ def _train(cfg: TrainConfig, progress: bool, stop_after_steps: int | None,
                 save(loop)
             kept = f"checkpoint step {loop.step} saved in {ckpt.directory}"
         ckpt.close()
-        close_all(writers)
+        close_all(writers + [run])
         raise interrupt.Interrupted(f"stopped after step {loop.step} of {cfg.run_dir}; {kept}")
     if done:
         if ckpt.latest_step() != loop.step:
@@ -591,5 +594,5 @@ def _train(cfg: TrainConfig, progress: bool, stop_after_steps: int | None,
         if primary:
             write_json(os.path.join(cfg.run_dir, DONE_FILE), loop.counters())
     ckpt.close()
-    close_all(writers)
+    close_all(writers + [run])
     return {**loop.counters(), "finished": done}

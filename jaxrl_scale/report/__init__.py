@@ -23,7 +23,8 @@ import os
 from typing import Sequence
 
 from jaxrl_scale.numbers import UNBOUNDED, fmt, fmt_ci
-from jaxrl_scale.report.base import FIGURES, REPORT_FILE, _configs, _level
+from jaxrl_scale.report.base import (FIGURES, N_WORDS, REPORT_FILE, _configs, _level,
+                                     n_unit, n_unit_sentence)
 from jaxrl_scale.report.figures import (plot_batch_trajectory, plot_collection_time,
                                         plot_critical_batches, plot_grad_norm,
                                         plot_learning_curves, plot_time_to_target)
@@ -91,15 +92,16 @@ def render(summary, out_dir: str, runs: Sequence[Run] = (), plans_dir: str | Non
         how = (f"Intervals are {lvl} bootstrap intervals [lo, hi] ({UNBOUNDED}: unbounded, some "
                "replicates never reach the target). T/T0 = r_N / r_q; a config is faster / "
                "slower when the whole T/T0 interval is below / above 1.")
-    md += ["", how + " q is end-to-end throughput (retained responses per second) over "
-           "[0, N*].", ""]
+    unit = "retained " + N_WORDS[n_unit(summary)]
+    md += ["", how + f" q is end-to-end throughput ({unit} per second) over [0, N*]. " +
+           n_unit_sentence(summary), ""]
     partial = partial_rollout_lines(summary)
     if partial:
         md += ["## Partial rollout vs synchronous", "",
                "Each config run with asynchronous partial rollout (B_gen = k x B_train "
                "sequences in flight) against the synchronous config that differs only in k: "
-               "q ratio = q_k / q_sync (end-to-end responses per second), r_N = N*_k / "
-               "N*_sync, T ratio = T_k / T_sync = r_N / q ratio, with "
+               f"q ratio = q_k / q_sync (end-to-end {N_WORDS[n_unit(summary)]} per second), "
+               "r_N = N*_k / N*_sync, T ratio = T_k / T_sync = r_N / q ratio, with "
                f"{lvl} intervals from the same seed bootstrap as T/T0; faster / slower when "
                "the T ratio's bootstrap p-value, Holm-adjusted over all these comparisons, is "
                f"below {fmt(1 - summary.ci_level, 2)} (a sweep where partial rollout changes "

@@ -22,6 +22,30 @@ MIN_SNR = 6.0  # signal-to-noise (target - start) / eval SE below which verdicts
 
 _ok = is_number
 
+# What N counts (summary.n_unit, docs/science.md, Time to target): the axis label, the unit
+# in running text, and q's unit in a table header.
+N_AXIS = {"responses": "cumulative retained responses N",
+          "tokens": "cumulative response tokens N (in the loss)"}
+N_WORDS = {"responses": "responses", "tokens": "response tokens"}
+Q_HEAD = {"responses": "resp/s", "tokens": "tok/s"}
+
+
+def n_unit(s) -> str:
+    """What the summary's N counts: "responses" (also for summaries recorded before the
+    choice) or "tokens"."""
+    return getattr(s, "n_unit", None) or "responses"
+
+
+def n_unit_sentence(s) -> str:
+    """report.md's sentence on what N, N* and q count."""
+    if n_unit(s) == "tokens":
+        return ("N counts tokens (--n_unit=tokens): the cumulative tokens of the retained "
+                "responses that are in the loss (each record's response_tokens; an "
+                "episode's observation tokens excluded), so N* is in tokens and q in tokens "
+                "per second; the batch B still counts responses.")
+    return ("N counts responses (--n_unit=responses): cumulative retained responses (an "
+            "--env run's episodes), so N* is in responses and q in responses per second.")
+
 
 def _ci(ci) -> tuple:
     """(lo, hi) of an interval that may be None or hold None ends."""

@@ -22,9 +22,9 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from jaxrl_scale.numbers import fmt, fmt_ci
-from jaxrl_scale.report.base import (ALGO_MARKERS, OTHER_STYLE, RULE_STYLES, _algo_info, _algo_of,
-                                     _algos, _ci, _configs, _is_ref, _level, _multi, _ok,
-                                     _per_batch, _ratio)
+from jaxrl_scale.report.base import (ALGO_MARKERS, N_AXIS, OTHER_STYLE, RULE_STYLES,
+                                     _algo_info, _algo_of, _algos, _ci, _configs, _is_ref,
+                                     _level, _multi, _ok, _per_batch, _ratio, n_unit)
 from jaxrl_scale.report.tables import _table_verdict
 from jaxrl_scale.scaling.io import Run
 from jaxrl_scale.scaling.summary import Summary
@@ -108,7 +108,7 @@ def plot_learning_curves(runs: Sequence[Run], summary: Summary, path: str) -> st
         t = summary.targets.get(algo, summary.primary.target)
         if _ok(t):
             ax.axhline(t, color="red", lw=0.9, ls=":", label=f"target J* = {fmt(t)}")
-        ax.set_xlabel("cumulative retained responses N")
+        ax.set_xlabel(N_AXIS[n_unit(summary)])
         ax.set_ylabel("validation score J")
         ax.set_title(f"{algo}: seed-mean learning curves", fontsize=10)
         ax.legend(fontsize=7, loc="lower right")
@@ -398,7 +398,7 @@ def plot_batch_trajectory(runs: Sequence[Run], summary: Summary, path: str) -> s
         ax.set_yscale("log", base=2)
         lo, hi = ax.get_ylim()
         ax.set_ylim(lo / 1.3, hi * 1.3)   # the lines at the smallest and largest B stay inside
-        ax.set_xlabel("cumulative retained responses N")
+        ax.set_xlabel(N_AXIS[n_unit(summary)])
         ax.set_ylabel("batch per update B (batch_train)")
         ax.set_title(f"{algo}: batch schedules (dots: each run's N*; dotted: fixed batches)",
                      fontsize=10)

@@ -6,7 +6,8 @@ import math
 
 from jaxrl_scale.numbers import fmt, fmt_ci
 from jaxrl_scale.scaling.summary import ConfigStats, Summary, as_summary
-from jaxrl_scale.report.base import (_algo_info, _algo_of, _is_ref, _multi, _ok, _sorted_configs)
+from jaxrl_scale.report.base import (Q_HEAD, _algo_info, _algo_of, _is_ref, _multi, _ok,
+                                     _sorted_configs, n_unit)
 
 
 def _table_verdict(s: Summary, g: str, st: ConfigStats) -> str:
@@ -29,8 +30,9 @@ def format_table(summary, per_run: bool = False) -> str:
     # ratio are the runs' own steps: the headers say which is which.
     passed = any(st.ratios.r_q_pass is not None for st in summary.configs.values())
     in_run = " (in run)" if passed else ""
+    q_unit = Q_HEAD[n_unit(summary)]
     if per_run:
-        lines.append(f"| run | {a_col}seed | B | lr rule | reached | N* | q (resp/s) | r_N | "
+        lines.append(f"| run | {a_col}seed | B | lr rule | reached | N* | q ({q_unit}) | r_N | "
                      f"r_q{in_run} | T/T0{in_run} | max score | clipped updates |")
         lines.append("|" + "---|" * (12 + multi))
         items = sorted(summary.runs.items(),
@@ -47,8 +49,8 @@ def format_table(summary, per_run: bool = False) -> str:
                 f"{fmt(x.r_q)} | {fmt(x.T_over_T0)} | {fmt(x.max_score)} | "
                 f"{fmt(x.clipped_update_fraction)} |")
         return "\n".join(lines)
-    q_head, rq_head = ("q in run (resp/s)", "r_q (timing pass)") if passed else \
-        ("q (resp/s)", "r_q")
+    q_head, rq_head = (f"q in run ({q_unit})", "r_q (timing pass)") if passed else \
+        (f"q ({q_unit})", "r_q")
     lines.append(f"| config | {a_col}seeds reached | B | lr rule | N* | {q_head} | r_N | "
                  f"{rq_head} | T/T0 | verdict | clipped updates | B_simple (actor) |")
     lines.append("|" + "---|" * (12 + multi))

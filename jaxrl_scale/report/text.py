@@ -8,8 +8,9 @@ import math
 import os
 
 from jaxrl_scale.numbers import fmt, fmt_ci
-from jaxrl_scale.report.base import (_algo_info, _algo_of, _algos, _configs, _desc,
-                                     _is_ref, _level, _multi, _ok, _per_batch, _sorted_configs)
+from jaxrl_scale.report.base import (N_WORDS, _algo_info, _algo_of, _algos, _configs, _desc,
+                                     _is_ref, _level, _multi, _ok, _per_batch, _sorted_configs,
+                                     n_unit)
 from jaxrl_scale.report.design import design_lines
 from jaxrl_scale.scaling import findings as findings_mod
 from jaxrl_scale.scaling.summary import Summary, as_summary
@@ -314,7 +315,8 @@ def _details(summary: Summary) -> list[str]:
         if ref is not None and ref.reached:
             out.append(f"{algo} reference {name} "
                        f"({_desc(ref)}): N0* = {fmt_ci(ref.N_star, ref.N_star_ci)} "
-                       f"responses, q0 = {fmt_ci(ref.q, ref.q_ci)} responses/s, "
+                       f"{N_WORDS[n_unit(summary)]}, q0 = {fmt_ci(ref.q, ref.q_ci)} "
+                       f"{N_WORDS[n_unit(summary)]}/s, "
                        f"T0 = {fmt(ref.T)} s.")
     for algo in _algos(summary):
         for key, g in sorted(_algo_info(summary, algo).grad_norm.items()):

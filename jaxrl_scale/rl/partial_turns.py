@@ -27,8 +27,8 @@ episode of rl/multiturn.py's environment interface instead of one response:
 Record fields (docs/api.md, Environment fields): env_turns, env_obs_tokens and env_tool_calls
 over the batch's episodes; env_s, env_failures and env_timeouts over the environment calls
 made during this `next_batch` (calls for groups trained later included, as the decode steps
-are); engine_calls, the `advance` calls of the round (each turn end that may continue stops
-one); plus the engine's slot_occupancy, decode_steps and staleness fields. decode_s excludes
+are); engine_calls, the `advance` calls of the round that decoded (each turn end that may
+continue stops one); plus the engine's slot_occupancy, decode_steps and staleness fields. decode_s excludes
 env_s, as the synchronous path's does.
 
 An environment that is done after one step (or --env_max_turns = 1) gives exactly the
@@ -244,9 +244,10 @@ class EpisodePartialRollout:
         eng = self.engine
         self.stats, self.engine_calls = self._fresh_stats(), 0
         def advance(watch, refill):
-            self.engine_calls += 1
-            self._turn_ends(eng.advance(params, version=version, watch=watch,
-                                        refill_at=refill, pause=self._pause_mask()))
+            out = eng.advance(params, version=version, watch=watch, refill_at=refill,
+                              pause=self._pause_mask())
+            self.engine_calls += out["steps"] > 0
+            self._turn_ends(out)
 
         decode_round(self, params, version, seed, advance=advance,
                      slot_prompts=lambda: {s: g.prompts[g.slot_row[s]]

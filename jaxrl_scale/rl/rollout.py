@@ -165,6 +165,7 @@ class LoopState:
     states: tuple
     step: int = 0
     responses: int = 0                 # cumulative retained responses
+    response_tokens: int = 0           # ... and their tokens in the loss (observations out)
     responses_generated: int = 0
     time_s: float = 0.0                # generation + rewards + update, eval excluded
     reached_at: Optional[int] = None   # responses when the eval first reached the target
@@ -172,11 +173,29 @@ class LoopState:
     reward_failures: int = 0           # reward calls that raised or timed out, every process
     eval_scores: tuple = ()            # every eval's score so far (the target stop's fit)
 
-    COUNTERS = ("step", "responses", "responses_generated", "time_s", "reached_at",
-                "reached_step")
+    COUNTERS = ("step", "responses", "response_tokens", "responses_generated", "time_s",
+                "reached_at", "reached_step")
 
     def counters(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.COUNTERS}
+
+    def position(self) -> dict[str, Any]:
+        """Where the run stands, as every training and eval record after step 0 opens
+        (docs/api.md, metrics.jsonl): responses, response_tokens, responses_generated,
+        time_s."""
+        return {"responses": self.responses, "response_tokens": self.response_tokens,
+                "responses_generated": self.responses_generated, "time_s": self.time_s}
+
+    def counted(self, accounting: dict[str, Any]) -> "LoopState":
+        """The counters after a step, from its accounting (rl/batch.rollout_batch's, plus
+        `retained_tokens`: the sum of the trained batch's loss mask, so retained rows only and
+        an episode's assistant tokens only): retained responses, their loss tokens, and the
+        responses generated."""
+        return self.replace(responses=self.responses + accounting["retained"],
+                            response_tokens=self.response_tokens +
+                            accounting["retained_tokens"],
+                            responses_generated=self.responses_generated +
+                            accounting["generated"])
 
     @property
     def params(self):

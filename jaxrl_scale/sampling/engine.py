@@ -268,6 +268,7 @@ class SlotEngine:
         self.state = None
         self._set(_init_state(cfg, self.B, self.S, self.N, self.pad_id))
         self.cache_column = self.T - 1   # host copy of state.cache.index
+        self._steps_run = 0              # host copy of state.steps_run
         self.live = np.zeros((self.B,), bool)
 
     def _set(self, state: EngineState = None, **fields) -> None:
@@ -377,7 +378,8 @@ class SlotEngine:
         """Decode until no watched slot is live (default: all), `refill_at` slots are free, a
         slot of `pause` finished (default: none), or max_steps (default steps_per_call) steps
         ran. Returns the rows that finished: {"slots", "tokens" [R, N], "logprobs",
-        "versions", "lengths"} as numpy."""
+        "versions", "lengths"} as numpy, and "steps", the decode steps this call ran (0 when
+        no watched slot was live or a paused slot had already finished)."""
         watch_B = np.ones((self.B,), bool) if watch is None else np.asarray(watch, bool)
         pause_B = np.zeros((self.B,), bool) if pause is None else np.asarray(pause, bool)
         refill = self.B + 1 if refill_at is None else int(refill_at)
@@ -385,13 +387,14 @@ class SlotEngine:
         self.state = self._advance(self.state, params, self._layers(params), np.int32(version),
                                    watch_B, np.int32(refill), np.int32(K), pause_B)
         s = self.state
-        fin, live, toks, logps, vers, lens, col = jax.device_get(
+        fin, live, toks, logps, vers, lens, col, ran = jax.device_get(
             (s.finished_B, s.live_B, s.tokens_BN, s.logprobs_BN, s.versions_BN, s.lengths_B,
-             s.cache.index))
+             s.cache.index, s.steps_run))
         self.live, self.cache_column = np.array(live), int(col)
+        steps, self._steps_run = int(ran) - self._steps_run, int(ran)
         idx = np.flatnonzero(fin)
         return {"slots": idx, "tokens": toks[idx], "logprobs": logps[idx],
-                "versions": vers[idx], "lengths": lens[idx]}
+                "versions": vers[idx], "lengths": lens[idx], "steps": steps}
 
     def warm(self, params, sizes: Sequence[int], rebuild: bool = False) -> None:
         """Compile admission for every row count in `sizes` (their buckets), the decode call
@@ -417,6 +420,7 @@ class SlotEngine:
         """(mean live-slot fraction per decode step, steps) since the last call; resets."""
         total, steps = jax.device_get((self.state.live_sum, self.state.steps_run))
         self._set(live_sum=jnp.zeros((), jnp.float32), steps_run=jnp.zeros((), jnp.int32))
+        self._steps_run = 0
         return (float(total) / steps if steps else float("nan")), int(steps)
 
     def _layers(self, params):

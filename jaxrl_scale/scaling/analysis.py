@@ -37,6 +37,7 @@ from jaxrl_scale.scaling import noise as snoise
 from jaxrl_scale.scaling import replay   # it imports this module only inside its functions
 from jaxrl_scale.scaling import run_stats as rstats
 from jaxrl_scale.scaling import stats
+from jaxrl_scale.scaling import units
 from jaxrl_scale.scaling import step_cost
 from jaxrl_scale.scaling.io import Run
 from jaxrl_scale.scaling.references import (AnalysisError, _group_size, _primary,  # noqa: F401
@@ -184,6 +185,7 @@ class Settings:
     min_gain: float = 0.10
     flat_slope: float = -0.25
     design: str | None = None      # None: the study's own (sweep.json); "fixed": the fixed test
+    n_unit: str | None = None      # what N counts (units.N_UNITS); None: the runs' own
 
 
 @dataclasses.dataclass
@@ -218,7 +220,8 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
     (sweep.json) when none is given."""
     cfg = dataclasses.replace(settings or Settings(), **knobs)
     target = parse_target(target)
-    runs = list(runs)
+    runs = units.in_n_unit(runs, cfg.n_unit)   # N in tokens: response_tokens, before the work
+    n_unit = units.runs_unit(runs)
     warnings = check_runs(runs, target, cfg.ci_level)
     refs = resolve_references(runs, reference)
     check_references(refs)
@@ -246,8 +249,8 @@ def analyze(runs: Sequence[Run], target: Any = "auto", reference: str | None = N
         ci_level=cfg.ci_level, primary_algo=primary, algos=per_algo, runs=per_run,
         configs=cstats, partial_rollout=partial, findings=tuple(found),
         tolerance=cfg.tolerance, n_boot=cfg.n_boot, skipped=list(skipped), warnings=warnings,
-        sweep_dir=sweep_dir, familywise={k: fw[k] for k in ("families", "n_tests", "alpha",
-                                                            "margin", "method")},
+        sweep_dir=sweep_dir, n_unit=n_unit,
+        familywise={k: fw[k] for k in ("families", "n_tests", "alpha", "margin", "method")},
         **power_and_evals(fw, cfg.ci_level, primary, per_run),
         drift=Drift.from_json(drift_info), sequential=seq or None,
         **study_records(runs, sweep_dir, primary))

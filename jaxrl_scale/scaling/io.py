@@ -68,6 +68,9 @@ class Run:
     # The warm-start the run started from (config.json init_checkpoint or hf_checkpoint):
     # runs from different warm-starts are different blocks of the family-wise test.
     block: str | None = None
+    # What the records' ``responses`` (the analysis' N) count: "responses" (as logged) or
+    # "tokens" (each record's ``response_tokens`` moved there by `scaling.units.in_n_unit`).
+    n_unit: str = "responses"
 
     def eval_curve(self) -> tuple[np.ndarray, np.ndarray]:
         """(responses, scores) of the eval records, sorted by responses."""

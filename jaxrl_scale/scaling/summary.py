@@ -326,6 +326,7 @@ class Summary:
     partial_rollout: list = dataclasses.field(default_factory=list)   # recorded: may lack it
     findings: tuple = ()   # (Finding, ...); summaries recorded before findings were data: ()
     sweep_dir: str | None = None
+    n_unit: str = "responses"   # what N counts: "responses" or "tokens" (response_tokens)
     # Design and decision: family-wise test setup, power, drift, lr bracket.
     familywise: dict | None = None         # {families, n_tests, alpha, margin, method}
     min_detectable_r_N: float | None = None           # 80% power, primary algorithm
@@ -353,7 +354,7 @@ class Summary:
 
     def to_json(self) -> dict:
         p = self.primary
-        out: dict[str, Any] = {"ci_level": self.ci_level}
+        out: dict[str, Any] = {"ci_level": self.ci_level, "n_unit": self.n_unit}
         out.update(target=p.target, targets=self.targets, target_rule=p.target_rule,
                    eval_se=p.eval_se, eval_se_source=p.eval_se_source,
                    curve_jitter_se=p.curve_jitter_se, signal_to_noise=p.signal_to_noise,
