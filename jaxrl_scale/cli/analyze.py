@@ -24,6 +24,7 @@ from jaxrl_scale.experiment.analyze import analyze_and_report
 from jaxrl_scale.scaling import io as sio
 from jaxrl_scale.scaling import readers
 from jaxrl_scale.scaling.analysis import AnalysisError
+from jaxrl_scale.scaling.units import N_UNITS
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("sweep_dir", None, "Directory whose subdirectories are runs "
@@ -71,7 +72,7 @@ flags.DEFINE_string("tag_map", None, "What the tags (TensorBoard) or columns (W&
                     "train, eval_time, eval_n.")
 
 
-flags.DEFINE_enum("n_unit", "responses", ["responses", "tokens"], "What the sample count N "
+flags.DEFINE_enum("n_unit", "responses", list(N_UNITS), "What the sample count N "
                   "counts: responses (cumulative retained responses, episodes for --env runs) "
                   "or tokens (their tokens in the loss, each record's response_tokens; "
                   "an episode's observation tokens excluded).")

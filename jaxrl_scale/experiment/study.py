@@ -468,8 +468,9 @@ def check_sweep_fields(sweep: SweepConfig) -> None:
          f"must lie strictly between 0 and 1, got {sweep.target_fraction}",
          "e.g. --target_fraction=0.75 (the auto target's share of the way from the start to "
          "what every reference seed reached)")
-    need("n_unit", sweep.n_unit in ("responses", "tokens"), f"must be responses or tokens, "
-         f"got {sweep.n_unit!r}", "pass --n_unit=responses or --n_unit=tokens")
+    from jaxrl_scale.scaling.units import N_UNITS
+    need("n_unit", sweep.n_unit in N_UNITS, f"must be one of {', '.join(N_UNITS)}, got "
+         f"{sweep.n_unit!r}", "pass --n_unit=responses or --n_unit=tokens")
     need("pairs", all(len(pg) == 2 and min(pg) >= 1 for pg in sweep.pairs),
          f"must be PxG pairs of positive integers, got {sweep.pairs}", "e.g. --pairs=32x4")
     bad = [r for r in sweep.lr_rules if r not in ADAM_RULES or r == "tuned"]
